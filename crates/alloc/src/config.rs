@@ -1,0 +1,1 @@
+//! Allocator configuration (being written).

@@ -1,0 +1,3 @@
+//! placeholder: the engine is being written
+pub mod config;
+pub mod summary;

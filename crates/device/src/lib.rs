@@ -1,0 +1,163 @@
+//! # The device: what a GPU offers an allocator
+//!
+//! cudamem's engine never talks to CUDA directly. It asks a [`Device`] for the few things
+//! a caching allocator needs from a GPU:
+//!
+//! * **segments** — `malloc`/`free` of device memory (`cuMemAlloc`/`cuMemFree`);
+//! * **virtual memory** — reserve an address range, map and unmap physical pages inside it at
+//!   the device's [`granularity`](Device::granularity) (`cuMemAddressReserve`, `cuMemCreate` +
+//!   `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`); used by expandable segments;
+//! * **streams and events** — record an event on a stream and ask whether it completed
+//!   (`cuEventRecord`/`cuEventQuery`), which is how `record_stream` knows a block is safe to reuse;
+//! * **`mem_get_info`** — free and total bytes, as `cudaMemGetInfo` reports them.
+//!
+//! Two implementations exist: [`sim::SimDevice`] (this crate; deterministic, with fault
+//! injection and caller-controlled events) and the CUDA device (crate `cudamem-cuda`).
+//!
+//! ## Contract
+//! * Every method may be called from any thread (`Send + Sync`); the engine serialises calls for
+//!   one allocator under its own lock, but several allocators may share a device.
+//! * Out of memory is [`DeviceError::OutOfMemory`], distinct from every other failure, because
+//!   the allocator answers it by releasing its cache and retrying; any other error is passed to
+//!   the user unchanged, with the driver's error name.
+//! * Sizes given to `map`/`unmap`/`reserve` are multiples of [`Device::granularity`].
+
+#![warn(missing_docs)]
+
+pub mod sim;
+
+use std::fmt;
+
+/// A device address (`CUdeviceptr`).
+pub type DevicePtr = u64;
+
+/// A stream, identified by its raw handle value (`cudaStream_t` as an integer; 0 is the legacy
+/// default stream). Traces and PyTorch use the same numbering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StreamId(pub u64);
+
+/// An event recorded on a stream, as handed out by [`Device::record_event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId(pub u64);
+
+/// Why a device call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// The device has not enough free memory for the request (`CUDA_ERROR_OUT_OF_MEMORY`).
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// A failure injected by a test (see [`sim::FaultPlan`]); the allocator treats it as an
+    /// out-of-memory of the same call.
+    Injected {
+        /// Which device operation failed, e.g. `"malloc"`.
+        op: &'static str,
+    },
+    /// Any other driver error, with the driver's name for it (e.g. `CUDA_ERROR_INVALID_VALUE`).
+    Driver {
+        /// The driver call that failed, e.g. `"cuMemMap"`.
+        call: &'static str,
+        /// The CUDA error name.
+        name: String,
+    },
+    /// The caller passed something the device does not know (an address it never handed out,
+    /// a size that is not a multiple of the granularity, an unknown event).
+    InvalidArgument(String),
+    /// No such device or no driver on this machine.
+    Unavailable(String),
+}
+
+impl DeviceError {
+    /// True for failures that the allocator answers by freeing cache and retrying.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. } | DeviceError::Injected { .. })
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::OutOfMemory { requested } => {
+                write!(f, "device out of memory allocating {requested} bytes")
+            }
+            DeviceError::Injected { op } => write!(f, "injected failure of device {op}"),
+            DeviceError::Driver { call, name } => write!(f, "{call} failed: {name}"),
+            DeviceError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            DeviceError::Unavailable(m) => write!(f, "device unavailable: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// Counters of device calls, kept by every [`Device`] so that a policy's cost in driver calls can
+/// be compared (a policy must not win by mapping and unmapping on every allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// `malloc` calls that succeeded.
+    pub mallocs: u64,
+    /// `free` calls.
+    pub frees: u64,
+    /// `map` calls that succeeded (each maps one or more pages).
+    pub maps: u64,
+    /// `unmap` calls.
+    pub unmaps: u64,
+    /// Pages (of [`Device::granularity`]) mapped, summed over calls.
+    pub pages_mapped: u64,
+    /// Pages unmapped, summed over calls.
+    pub pages_unmapped: u64,
+    /// Events recorded.
+    pub events_recorded: u64,
+    /// Whole-device synchronisations.
+    pub synchronizes: u64,
+}
+
+/// What a GPU offers the allocator. See the [crate documentation](crate) for the contract.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The device ordinal (`cuda:N`); 0 for a lone simulated device.
+    fn index(&self) -> i32;
+    /// A short name for messages: `"sim"` or `"cuda:0"`.
+    fn name(&self) -> String;
+    /// Total device memory in bytes.
+    fn total_memory(&self) -> u64;
+    /// `(free, total)` bytes, as `cudaMemGetInfo` reports them.
+    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError>;
+
+    /// Allocates a segment of `size` bytes (`cuMemAlloc`).
+    fn malloc(&self, size: u64) -> Result<DevicePtr, DeviceError>;
+    /// Frees a segment returned by [`Device::malloc`] (`cuMemFree`). `size` is the size it was
+    /// allocated with.
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
+
+    /// The physical page size of virtual-memory mappings (2 MiB on an H200).
+    fn granularity(&self) -> u64;
+    /// Reserves `size` bytes of virtual address space, backed by nothing (`cuMemAddressReserve`).
+    fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError>;
+    /// Returns a reservation made by [`Device::reserve`]; every page in it must be unmapped.
+    fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
+    /// Backs `[ptr, ptr+size)` inside a reservation with new physical pages, readable and
+    /// writable by this device (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page).
+    /// On failure nothing stays mapped.
+    fn map(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
+    /// Unmaps `[ptr, ptr+size)` and releases its physical pages (`cuMemUnmap` + `cuMemRelease`).
+    /// The caller has made sure no pending work uses the range.
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
+
+    /// Records an event on `stream` (`cuEventRecord`).
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError>;
+    /// Whether the work before `event` has completed (`cuEventQuery`).
+    fn query_event(&self, event: EventId) -> Result<bool, DeviceError>;
+    /// Blocks until `event` completes (`cuEventSynchronize`).
+    fn synchronize_event(&self, event: EventId) -> Result<(), DeviceError>;
+    /// Returns an event to the device once the allocator no longer needs it.
+    fn destroy_event(&self, event: EventId);
+    /// Waits for all work on `stream` (`cuStreamSynchronize`).
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), DeviceError>;
+    /// Waits for all work on the device (`cuCtxSynchronize`).
+    fn synchronize(&self) -> Result<(), DeviceError>;
+
+    /// Counters of the calls made so far.
+    fn counters(&self) -> DeviceCounters;
+}

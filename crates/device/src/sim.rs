@@ -1,0 +1,578 @@
+//! # The simulated GPU
+//!
+//! [`SimDevice`] behaves like one CUDA device for the allocator, with no GPU present:
+//!
+//! * **Capacity**: physical memory is a byte count (default: an H200's 150,109,880,320 bytes).
+//!   `malloc` and `map` consume it, `free` and `unmap` return it; asking for more than is free is
+//!   [`DeviceError::OutOfMemory`], exactly where `cudaMalloc` would fail.
+//! * **Addresses** look like real ones (`0x7f..`), 2 MiB aligned, handed out first-fit from a
+//!   virtual address space so freed ranges are reused as the driver does. A replay can
+//!   [`plan`](SimDevice::plan_addresses) the addresses of the next `malloc`s, so that a trace's own
+//!   segment addresses (and with them PyTorch's tie-breaks between equal-size blocks) are reproduced.
+//! * **Events** complete when the caller says so ([`EventMode::Manual`]: [`SimDevice::complete_stream`],
+//!   [`SimDevice::complete_all`]) or at once ([`EventMode::Immediate`], the default). A
+//!   synchronisation completes what it waits for, as on hardware.
+//! * **Faults**: a [`FaultPlan`] makes chosen or random `malloc`, `map` and event-query calls fail.
+//!
+//! Invariant (checked by [`SimDevice::check`]): `used == sum(live segments) + mapped pages ×
+//! granularity <= capacity`, and no two live ranges (segments or reservations) overlap.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+
+use crate::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
+
+/// An H200's memory as `cudaMemGetInfo` reports its total.
+pub const H200_CAPACITY: u64 = 150_109_880_320;
+/// The VMM granularity of an H200 (and of most CUDA GPUs).
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+const VA_BASE: u64 = 0x7f00_0000_0000;
+const VA_SIZE: u64 = 1 << 44; // 16 TiB of address space
+const MALLOC_ALIGN: u64 = 2 << 20;
+
+/// When recorded events complete on a [`SimDevice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EventMode {
+    /// Every event is complete as soon as it is recorded (no kernels run on a simulated GPU).
+    #[default]
+    Immediate,
+    /// Events stay pending until the caller completes their stream (tests, trace replay).
+    Manual,
+}
+
+/// Device calls that a [`FaultPlan`] can make fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultOp {
+    /// `malloc` (cudaMalloc).
+    Malloc,
+    /// `map` (cuMemCreate/cuMemMap).
+    Map,
+    /// `query_event` (cuEventQuery); the failure is reported as a driver error.
+    QueryEvent,
+}
+
+/// Which device calls fail on purpose.
+#[derive(Clone, Debug, Default)]
+pub struct FaultPlan {
+    /// Fail the calls with these 1-based ordinals, per operation (e.g. the 3rd malloc).
+    pub nth: HashMap<FaultOpKey, Vec<u64>>,
+    /// Fail this fraction of calls of each listed operation at random.
+    pub fraction: f64,
+    /// The operations `fraction` applies to.
+    pub random_ops: Vec<FaultOp>,
+    /// Seed of the random choice, so a failing run can be repeated.
+    pub seed: u64,
+}
+
+/// Key of [`FaultPlan::nth`] (a `FaultOp`).
+pub type FaultOpKey = FaultOp;
+
+impl FaultPlan {
+    /// Fails the `n`th (1-based) call of `op`.
+    pub fn fail_nth(mut self, op: FaultOp, n: u64) -> Self {
+        self.nth.entry(op).or_default().push(n);
+        self
+    }
+    /// Fails a random `fraction` of the calls of `ops`, seeded.
+    pub fn fail_fraction(mut self, ops: &[FaultOp], fraction: f64, seed: u64) -> Self {
+        self.fraction = fraction;
+        self.random_ops = ops.to_vec();
+        self.seed = seed.max(1);
+        self
+    }
+}
+
+/// Builder-style settings of a [`SimDevice`].
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Device ordinal.
+    pub index: i32,
+    /// Physical memory in bytes.
+    pub capacity: u64,
+    /// VMM page size.
+    pub granularity: u64,
+    /// When events complete.
+    pub event_mode: EventMode,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            index: 0,
+            capacity: H200_CAPACITY,
+            granularity: DEFAULT_GRANULARITY,
+            event_mode: EventMode::Immediate,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Reservation {
+    size: u64,
+    mapped_pages: HashSet<u64>,
+}
+
+#[derive(Debug, Default)]
+struct SimState {
+    used: u64,
+    /// Free virtual ranges: start -> len.
+    va_free: BTreeMap<u64, u64>,
+    segments: HashMap<DevicePtr, u64>,
+    reservations: BTreeMap<DevicePtr, Reservation>,
+    planned: VecDeque<DevicePtr>,
+    next_event: u64,
+    events: HashMap<EventId, (StreamId, u64)>,
+    stream_recorded: HashMap<StreamId, u64>,
+    stream_completed: HashMap<StreamId, u64>,
+    faults: FaultPlan,
+    op_calls: HashMap<FaultOp, u64>,
+    rng: u64,
+    counters: DeviceCounters,
+}
+
+/// A simulated GPU. See the [module documentation](self).
+#[derive(Debug)]
+pub struct SimDevice {
+    config: SimConfig,
+    state: Mutex<SimState>,
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        Self::new(SimConfig::default())
+    }
+}
+
+impl SimDevice {
+    /// A simulated device with the given settings.
+    pub fn new(config: SimConfig) -> Self {
+        let mut state = SimState::default();
+        state.va_free.insert(VA_BASE, VA_SIZE);
+        SimDevice { config, state: Mutex::new(state) }
+    }
+
+    /// A simulated device of `capacity` bytes, other settings default.
+    pub fn with_capacity(capacity: u64) -> Self {
+        Self::new(SimConfig { capacity, ..SimConfig::default() })
+    }
+
+    /// The settings this device was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
+        // A panic while holding the lock cannot leave the state half-updated in a way that
+        // matters more than the panic itself; keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes the next `malloc` calls return these addresses, in order, where the range is free
+    /// (a planned address whose range is taken is skipped). Replay uses this to give segments the
+    /// addresses the trace recorded.
+    pub fn plan_addresses(&self, addrs: impl IntoIterator<Item = DevicePtr>) {
+        self.lock().planned.extend(addrs);
+    }
+
+    /// Installs a fault plan (replacing any earlier one) and resets the call ordinals.
+    pub fn set_faults(&self, plan: FaultPlan) {
+        let mut s = self.lock();
+        s.rng = plan.seed.max(1);
+        s.faults = plan;
+        s.op_calls.clear();
+    }
+
+    /// Completes every event recorded so far on `stream`.
+    pub fn complete_stream(&self, stream: StreamId) {
+        let mut s = self.lock();
+        let rec = s.stream_recorded.get(&stream).copied().unwrap_or(0);
+        s.stream_completed.insert(stream, rec);
+    }
+
+    /// Completes every event recorded so far on every stream.
+    pub fn complete_all(&self) {
+        let mut s = self.lock();
+        let recorded: Vec<_> = s.stream_recorded.iter().map(|(k, v)| (*k, *v)).collect();
+        for (k, v) in recorded {
+            s.stream_completed.insert(k, v);
+        }
+    }
+
+    /// Bytes of physical memory in use (segments plus mapped pages).
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// Number of events recorded and not yet destroyed.
+    pub fn live_events(&self) -> usize {
+        self.lock().events.len()
+    }
+
+    /// Checks the device's invariants; returns a description of the first broken one.
+    pub fn check(&self) -> Result<(), String> {
+        let s = self.lock();
+        let seg: u64 = s.segments.values().sum();
+        let pages: u64 = s.reservations.values().map(|r| r.mapped_pages.len() as u64).sum();
+        let expect = seg + pages * self.config.granularity;
+        if expect != s.used {
+            return Err(format!("used {} != segments {} + mapped {}", s.used, seg, pages));
+        }
+        if s.used > self.config.capacity {
+            return Err(format!("used {} > capacity {}", s.used, self.config.capacity));
+        }
+        Ok(())
+    }
+
+    fn inject(s: &mut SimState, op: FaultOp) -> bool {
+        let n = {
+            let c = s.op_calls.entry(op).or_insert(0);
+            *c += 1;
+            *c
+        };
+        if s.faults.nth.get(&op).is_some_and(|v| v.contains(&n)) {
+            return true;
+        }
+        if s.faults.fraction > 0.0 && s.faults.random_ops.contains(&op) {
+            // xorshift64*: deterministic for a seed, no dependency.
+            s.rng ^= s.rng << 13;
+            s.rng ^= s.rng >> 7;
+            s.rng ^= s.rng << 17;
+            let x = (s.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+            return x < s.faults.fraction;
+        }
+        false
+    }
+
+    fn take_va(s: &mut SimState, size: u64, align: u64) -> Option<u64> {
+        // A planned address first, where its range is free.
+        while let Some(addr) = s.planned.pop_front() {
+            if Self::carve(s, addr, size) {
+                return Some(addr);
+            }
+        }
+        let found = s.va_free.iter().find_map(|(&start, &len)| {
+            let a = start.div_ceil(align) * align;
+            (a + size <= start + len).then_some(a)
+        })?;
+        Self::carve(s, found, size).then_some(found)
+    }
+
+    /// Removes `[addr, addr+size)` from the free address space if it lies inside one free range.
+    fn carve(s: &mut SimState, addr: u64, size: u64) -> bool {
+        let Some((&start, &len)) = s.va_free.range(..=addr).next_back() else { return false };
+        if addr + size > start + len {
+            return false;
+        }
+        s.va_free.remove(&start);
+        if addr > start {
+            s.va_free.insert(start, addr - start);
+        }
+        if start + len > addr + size {
+            s.va_free.insert(addr + size, start + len - addr - size);
+        }
+        true
+    }
+
+    fn give_va(s: &mut SimState, addr: u64, size: u64) {
+        let (mut start, mut len) = (addr, size);
+        if let Some((&p, &pl)) = s.va_free.range(..addr).next_back() {
+            if p + pl == addr {
+                s.va_free.remove(&p);
+                start = p;
+                len += pl;
+            }
+        }
+        if let Some(nl) = s.va_free.remove(&(addr + size)) {
+            len += nl;
+        }
+        s.va_free.insert(start, len);
+    }
+
+    fn reservation_of(s: &mut SimState, ptr: u64, size: u64) -> Result<&mut Reservation, DeviceError> {
+        let (&base, r) = s
+            .reservations
+            .range_mut(..=ptr)
+            .next_back()
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("{ptr:#x} is in no reservation")))?;
+        if ptr + size > base + r.size {
+            return Err(DeviceError::InvalidArgument(format!(
+                "[{ptr:#x}, +{size}) leaves the reservation at {base:#x}"
+            )));
+        }
+        Ok(r)
+    }
+}
+
+impl Device for SimDevice {
+    fn index(&self) -> i32 {
+        self.config.index
+    }
+    fn name(&self) -> String {
+        "sim".to_string()
+    }
+    fn total_memory(&self) -> u64 {
+        self.config.capacity
+    }
+    fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        let s = self.lock();
+        Ok((self.config.capacity - s.used, self.config.capacity))
+    }
+
+    fn malloc(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let mut s = self.lock();
+        if Self::inject(&mut s, FaultOp::Malloc) {
+            return Err(DeviceError::Injected { op: "malloc" });
+        }
+        if size == 0 || s.used.checked_add(size).is_none_or(|u| u > self.config.capacity) {
+            return Err(DeviceError::OutOfMemory { requested: size });
+        }
+        let ptr = Self::take_va(&mut s, size, MALLOC_ALIGN)
+            .ok_or(DeviceError::OutOfMemory { requested: size })?;
+        s.used += size;
+        s.segments.insert(ptr, size);
+        s.counters.mallocs += 1;
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        match s.segments.get(&ptr) {
+            Some(&sz) if sz == size => {}
+            Some(&sz) => {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "free of {ptr:#x} with size {size}, allocated with {sz}"
+                )))
+            }
+            None => return Err(DeviceError::InvalidArgument(format!("free of unknown {ptr:#x}"))),
+        }
+        s.segments.remove(&ptr);
+        s.used -= size;
+        Self::give_va(&mut s, ptr, size);
+        s.counters.frees += 1;
+        Ok(())
+    }
+
+    fn granularity(&self) -> u64 {
+        self.config.granularity
+    }
+
+    fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError> {
+        let g = self.config.granularity;
+        if size == 0 || size % g != 0 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "reservation of {size} bytes is not a multiple of the granularity {g}"
+            )));
+        }
+        let mut s = self.lock();
+        let ptr = Self::take_va(&mut s, size, g).ok_or_else(|| DeviceError::Driver {
+            call: "cuMemAddressReserve",
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        })?;
+        s.reservations.insert(ptr, Reservation { size, mapped_pages: HashSet::new() });
+        Ok(ptr)
+    }
+
+    fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        match s.reservations.get(&ptr) {
+            Some(r) if r.size == size && r.mapped_pages.is_empty() => {}
+            Some(r) if !r.mapped_pages.is_empty() => {
+                return Err(DeviceError::InvalidArgument(format!(
+                    "reservation {ptr:#x} still has {} mapped pages",
+                    r.mapped_pages.len()
+                )))
+            }
+            _ => return Err(DeviceError::InvalidArgument(format!("no reservation {ptr:#x}+{size}"))),
+        }
+        s.reservations.remove(&ptr);
+        Self::give_va(&mut s, ptr, size);
+        Ok(())
+    }
+
+    fn map(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let g = self.config.granularity;
+        if size == 0 || size % g != 0 || ptr % g != 0 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "map of [{ptr:#x}, +{size}) is not aligned to the granularity {g}"
+            )));
+        }
+        let mut s = self.lock();
+        if Self::inject(&mut s, FaultOp::Map) {
+            return Err(DeviceError::Injected { op: "map" });
+        }
+        if s.used.checked_add(size).is_none_or(|u| u > self.config.capacity) {
+            return Err(DeviceError::OutOfMemory { requested: size });
+        }
+        let r = Self::reservation_of(&mut s, ptr, size)?;
+        let pages: Vec<u64> = (0..size / g).map(|i| ptr + i * g).collect();
+        if let Some(p) = pages.iter().find(|p| r.mapped_pages.contains(p)) {
+            return Err(DeviceError::InvalidArgument(format!("page {p:#x} is already mapped")));
+        }
+        r.mapped_pages.extend(pages);
+        s.used += size;
+        s.counters.maps += 1;
+        s.counters.pages_mapped += size / g;
+        Ok(())
+    }
+
+    fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
+        let g = self.config.granularity;
+        if size == 0 || size % g != 0 || ptr % g != 0 {
+            return Err(DeviceError::InvalidArgument(format!(
+                "unmap of [{ptr:#x}, +{size}) is not aligned to the granularity {g}"
+            )));
+        }
+        let mut s = self.lock();
+        let r = Self::reservation_of(&mut s, ptr, size)?;
+        let pages: Vec<u64> = (0..size / g).map(|i| ptr + i * g).collect();
+        if let Some(p) = pages.iter().find(|p| !r.mapped_pages.contains(p)) {
+            return Err(DeviceError::InvalidArgument(format!("page {p:#x} is not mapped")));
+        }
+        for p in &pages {
+            r.mapped_pages.remove(p);
+        }
+        s.used -= size;
+        s.counters.unmaps += 1;
+        s.counters.pages_unmapped += size / g;
+        Ok(())
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId, DeviceError> {
+        let mut s = self.lock();
+        s.next_event += 1;
+        let id = EventId(s.next_event);
+        let seq = {
+            let r = s.stream_recorded.entry(stream).or_insert(0);
+            *r += 1;
+            *r
+        };
+        if self.config.event_mode == EventMode::Immediate {
+            s.stream_completed.insert(stream, seq);
+        }
+        s.events.insert(id, (stream, seq));
+        s.counters.events_recorded += 1;
+        Ok(id)
+    }
+
+    fn query_event(&self, event: EventId) -> Result<bool, DeviceError> {
+        let mut s = self.lock();
+        if Self::inject(&mut s, FaultOp::QueryEvent) {
+            return Err(DeviceError::Injected { op: "query_event" });
+        }
+        let (stream, seq) = *s
+            .events
+            .get(&event)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("unknown event {}", event.0)))?;
+        Ok(s.stream_completed.get(&stream).copied().unwrap_or(0) >= seq)
+    }
+
+    fn synchronize_event(&self, event: EventId) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        let (stream, seq) = *s
+            .events
+            .get(&event)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("unknown event {}", event.0)))?;
+        let c = s.stream_completed.entry(stream).or_insert(0);
+        *c = (*c).max(seq);
+        Ok(())
+    }
+
+    fn destroy_event(&self, event: EventId) {
+        self.lock().events.remove(&event);
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> Result<(), DeviceError> {
+        self.complete_stream(stream);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        self.complete_all();
+        self.lock().counters.synchronizes += 1;
+        Ok(())
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        self.lock().counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_is_enforced_and_returned() {
+        let d = SimDevice::with_capacity(10 << 20);
+        let a = d.malloc(6 << 20).unwrap();
+        assert!(d.malloc(6 << 20).unwrap_err().is_out_of_memory());
+        d.free(a, 6 << 20).unwrap();
+        let b = d.malloc(6 << 20).unwrap();
+        assert_eq!(a, b, "freed address range is reused first-fit");
+        assert_eq!(d.mem_get_info().unwrap(), (4 << 20, 10 << 20));
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn bad_free_is_an_error_and_changes_nothing() {
+        let d = SimDevice::default();
+        let a = d.malloc(2 << 20).unwrap();
+        assert!(d.free(a + 512, 2 << 20).is_err());
+        assert!(d.free(a, 4 << 20).is_err());
+        assert_eq!(d.used(), 2 << 20);
+        d.free(a, 2 << 20).unwrap();
+        assert_eq!(d.used(), 0);
+    }
+
+    #[test]
+    fn planned_addresses_are_used_in_order() {
+        let d = SimDevice::default();
+        let want = VA_BASE + (64 << 20);
+        d.plan_addresses([want]);
+        assert_eq!(d.malloc(2 << 20).unwrap(), want);
+        assert_ne!(d.malloc(2 << 20).unwrap(), want);
+    }
+
+    #[test]
+    fn map_and_unmap_pages_inside_a_reservation() {
+        let d = SimDevice::with_capacity(8 << 20);
+        let g = d.granularity();
+        let base = d.reserve(64 << 20).unwrap();
+        d.map(base, 2 * g).unwrap();
+        assert!(d.map(base + g, g).is_err(), "double map rejected");
+        assert!(d.map(base + 2 * g, 4 * g).unwrap_err().is_out_of_memory());
+        assert_eq!(d.used(), 2 * g);
+        assert!(d.release_reservation(base, 64 << 20).is_err());
+        d.unmap(base, 2 * g).unwrap();
+        d.release_reservation(base, 64 << 20).unwrap();
+        let c = d.counters();
+        assert_eq!((c.maps, c.unmaps, c.pages_mapped, c.pages_unmapped), (1, 1, 2, 2));
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn manual_events_complete_when_told() {
+        let d = SimDevice::new(SimConfig { event_mode: EventMode::Manual, ..SimConfig::default() });
+        let s1 = StreamId(7);
+        let e1 = d.record_event(s1).unwrap();
+        let e2 = d.record_event(StreamId(8)).unwrap();
+        assert!(!d.query_event(e1).unwrap());
+        d.complete_stream(s1);
+        assert!(d.query_event(e1).unwrap());
+        assert!(!d.query_event(e2).unwrap());
+        d.synchronize_event(e2).unwrap();
+        assert!(d.query_event(e2).unwrap());
+    }
+
+    #[test]
+    fn faults_fail_the_chosen_calls() {
+        let d = SimDevice::default();
+        d.set_faults(FaultPlan::default().fail_nth(FaultOp::Malloc, 2));
+        assert!(d.malloc(2 << 20).is_ok());
+        assert!(matches!(d.malloc(2 << 20), Err(DeviceError::Injected { .. })));
+        assert!(d.malloc(2 << 20).is_ok());
+        d.set_faults(FaultPlan::default().fail_fraction(&[FaultOp::Malloc], 0.5, 42));
+        let fails = (0..200).filter(|_| d.malloc(512).is_err()).count();
+        assert!((50..150).contains(&fails), "about half fail: {fails}");
+    }
+}
