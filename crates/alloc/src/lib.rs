@@ -1,3 +1,170 @@
-//! placeholder: the engine is being written
+//! # cudamem-alloc: a caching allocator for GPU memory with PyTorch's semantics
+//!
+//! [`CachingAllocator`] serves one device: it keeps freed device memory in a cache and hands it
+//! out again, exactly as PyTorch's CUDA caching allocator does under its default policy, and
+//! reports the same 122 statistics, the same `memory_summary()` table and the same out-of-memory
+//! message.
+//!
+//! ## Where things are
+//! | concern | module |
+//! |---|---|
+//! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`] |
+//! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
+//! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
+//! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
+//! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
+//! | history (PyTorch's memory trace) | [`history`] |
+//! | executable invariants | [`invariants`] |
+//! | errors | [`error`] |
+//!
+//! ## Locking
+//! One mutex per device allocator guards all of its state (as PyTorch's per-device mutex does);
+//! the device is called with the lock held. `CachingAllocator` is `Send + Sync`.
+
+#![warn(missing_docs)]
+
+pub mod block;
 pub mod config;
+pub mod engine;
+pub mod error;
+pub mod format;
+pub mod history;
+pub mod invariants;
+pub mod policy;
+pub mod segment;
+pub mod stats;
 pub mod summary;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudamem_device::{Device, DevicePtr, StreamId};
+
+pub use config::AllocatorConfig;
+pub use engine::Engine;
+pub use error::{AllocError, OutOfMemory};
+pub use history::{Frame, RecordContext};
+pub use policy::Policy;
+pub use stats::DeviceStats;
+pub use summary::StatsDict;
+
+/// The caching allocator of one device. See the [crate documentation](crate).
+#[derive(Debug)]
+pub struct CachingAllocator {
+    engine: Mutex<Engine>,
+}
+
+impl CachingAllocator {
+    /// An allocator for `device` with the given configuration and policy.
+    pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
+        CachingAllocator { engine: Mutex::new(Engine::new(device, config, policy)) }
+    }
+
+    /// An allocator for `device` with a policy named as on the command line (`pytorch`,
+    /// `pytorch-expandable`, ...) and the configuration `config`.
+    pub fn with_policy(device: Arc<dyn Device>, mut config: AllocatorConfig, policy: &str) -> Result<Self, AllocError> {
+        let p = policy::by_name(policy, &mut config).map_err(AllocError::InvalidArgument)?;
+        Ok(Self::new(device, config, p))
+    }
+
+    /// Exclusive access to the engine, for callers that batch many operations (trace replay) or
+    /// inspect state (tests, reports).
+    pub fn lock(&self) -> MutexGuard<'_, Engine> {
+        // A panic under the lock means a bug already reported by that panic; the state itself
+        // is consistent between operations, so keep serving.
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Allocates `size` bytes for use on `stream`. Size 0 returns address 0.
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.lock().malloc(size, stream)
+    }
+
+    /// Frees an allocation (PyTorch's `raw_delete`).
+    pub fn free(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.lock().free(ptr)
+    }
+
+    /// PyTorch's `recordStream`: `ptr` is used on `stream` too.
+    pub fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        self.lock().record_stream(ptr, stream)
+    }
+
+    /// Returns all unused cached memory to the device.
+    pub fn empty_cache(&self) -> Result<(), AllocError> {
+        self.lock().empty_cache()
+    }
+
+    /// The statistics.
+    pub fn stats(&self) -> DeviceStats {
+        self.lock().stats
+    }
+
+    /// `memory_stats()`: the 122-key dict.
+    pub fn memory_stats(&self) -> StatsDict {
+        self.stats().to_dict()
+    }
+
+    /// `memory_summary(abbreviated)`: PyTorch's table.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        let e = self.lock();
+        summary::memory_summary(&e.stats.to_dict(), e.device.index(), abbreviated)
+    }
+
+    /// `memory_allocated()`: bytes of live allocations (rounded sizes).
+    pub fn memory_allocated(&self) -> u64 {
+        self.stats().allocated_bytes.all().current as u64
+    }
+    /// `max_memory_allocated()`.
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.stats().allocated_bytes.all().peak as u64
+    }
+    /// `memory_reserved()`: bytes held from the device.
+    pub fn memory_reserved(&self) -> u64 {
+        self.stats().reserved_bytes.all().current as u64
+    }
+    /// `max_memory_reserved()`.
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.stats().reserved_bytes.all().peak as u64
+    }
+    /// `reset_peak_memory_stats()`.
+    pub fn reset_peak_memory_stats(&self) {
+        self.lock().stats.reset_peak();
+    }
+    /// `reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_memory_stats(&self) {
+        self.lock().stats.reset_accumulated();
+    }
+    /// `mem_get_info()`: `(free, total)` bytes of the device.
+    pub fn mem_get_info(&self) -> Result<(u64, u64), AllocError> {
+        Ok(self.lock().device.mem_get_info()?)
+    }
+    /// `set_per_process_memory_fraction(fraction)`.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
+        self.lock().set_memory_fraction(fraction)
+    }
+    /// Changes settings at run time, like `torch.cuda.memory._set_allocator_settings`.
+    pub fn set_settings(&self, settings: &str) -> Result<(), AllocError> {
+        let mut e = self.lock();
+        let mut cfg = e.config.clone();
+        cfg.apply(settings).map_err(AllocError::Config)?;
+        e.stats.max_split_size = if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 };
+        e.config = cfg;
+        Ok(())
+    }
+    /// The configuration in force.
+    pub fn config(&self) -> AllocatorConfig {
+        self.lock().config.clone()
+    }
+    /// The policy's name.
+    pub fn policy_name(&self) -> String {
+        self.lock().policy.name().to_string()
+    }
+    /// The device this allocator serves.
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.lock().device.clone()
+    }
+    /// Checks every invariant (slow; for tests). See [`invariants`].
+    pub fn check_invariants(&self) -> Result<(), String> {
+        invariants::check(&self.lock())
+    }
+}

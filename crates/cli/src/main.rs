@@ -1,1 +1,282 @@
-fn main() {}
+//! The `cudamem` command. Each subcommand is a small function over the library crates; this
+//! file only parses arguments and prints.
+
+mod demo;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cudamem_alloc::summary::memory_summary;
+use cudamem_replay::{ReplayOptions, ReplayResult};
+use cudamem_trace::Trace;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use size::{human, parse_size};
+
+#[derive(Parser)]
+#[command(name = "cudamem", version, about = "A GPU caching allocator with PyTorch's semantics: replay, compare and size real memory traces")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show caching, empty_cache, stats, memory_summary and an out-of-memory error on a
+    /// simulated GPU.
+    Demo {
+        /// Simulated GPU memory (e.g. 8GiB, 80GB, 150109880320).
+        #[arg(long, default_value = "8GiB", value_parser = parse_size)]
+        capacity: u64,
+    },
+    /// Replay a PyTorch memory snapshot (or RMM log, or cudamem trace) on a simulated GPU.
+    Replay {
+        /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
+        trace: PathBuf,
+        /// Policy: pytorch, pytorch-expandable.
+        #[arg(long, default_value = "pytorch")]
+        policy: String,
+        /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
+        #[arg(long)]
+        config: Option<String>,
+        /// Simulated GPU memory (default: an H200's).
+        #[arg(long, value_parser = parse_size)]
+        capacity: Option<u64>,
+        /// Timed repetitions for replay_ns_per_op.
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Print exactly one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay several traces with several policies and print one table.
+    Compare {
+        /// Trace files.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Comma-separated policies.
+        #[arg(long, default_value = "pytorch,pytorch-expandable")]
+        policies: String,
+        /// Allocator settings applied to every run.
+        #[arg(long)]
+        config: Option<String>,
+        /// Timed repetitions per run.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Print a JSON array of replay objects.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Find the smallest GPU memory on which the trace replays without an out-of-memory error.
+    Fit {
+        /// The trace file.
+        trace: PathBuf,
+        /// Comma-separated policies.
+        #[arg(long, default_value = "pytorch,pytorch-expandable")]
+        policy: String,
+        /// Allocator settings over the trace's own.
+        #[arg(long)]
+        config: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Demo { capacity } => demo::run(capacity),
+        Command::Replay { trace, policy, config, capacity, repeats, json } => {
+            cmd_replay(&trace, policy, config, capacity, repeats, json)
+        }
+        Command::Compare { traces, policies, config, repeats, json } => cmd_compare(&traces, &policies, config, repeats, json),
+        Command::Fit { trace, policy, config, json } => cmd_fit(&trace, &policy, config, json),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cudamem: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load(path: &PathBuf) -> Result<Trace, String> {
+    cudamem_trace::read_path(path).map_err(|e| e.to_string())
+}
+
+fn policies(list: &str) -> Result<Vec<String>, String> {
+    let v: Vec<String> = list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    for p in &v {
+        let mut cfg = cudamem_alloc::AllocatorConfig::default();
+        cudamem_alloc::policy::by_name(p, &mut cfg)?;
+    }
+    if v.is_empty() {
+        return Err("no policy given".into());
+    }
+    Ok(v)
+}
+
+/// The replay JSON object (sizes in bytes; peaks are the largest over devices).
+fn to_json(r: &ReplayResult) -> Value {
+    let dev: Vec<Value> = r
+        .devices
+        .iter()
+        .map(|d| {
+            json!({
+                "device": d.device, "ops": d.ops,
+                "peak_requested_bytes": d.peak_requested_bytes,
+                "peak_allocated_bytes": d.peak_allocated_bytes,
+                "peak_reserved_bytes": d.peak_reserved_bytes,
+                "device_allocs": d.device_allocs, "device_frees": d.device_frees,
+                "device_maps": d.device_calls.maps, "device_unmaps": d.device_calls.unmaps,
+                "ooms": d.ooms, "alloc_retries": d.alloc_retries,
+                "replay_ns_per_op": d.replay_ns_per_op,
+                "trace_peak_reserved_bytes": d.trace_peak_reserved_bytes,
+                "trace_device_allocs": d.trace_device_allocs,
+                "trace_ooms": d.trace_ooms,
+            })
+        })
+        .collect();
+    let ops = r.total(|d| d.ops);
+    let ns = if ops == 0 { 0.0 } else { r.devices.iter().map(|d| d.replay_ns_per_op * d.ops as f64).sum::<f64>() / ops as f64 };
+    let peak_req = r.max(|d| d.peak_requested_bytes);
+    let peak_res = r.max(|d| d.peak_reserved_bytes);
+    json!({
+        "trace": r.trace, "policy": r.policy, "config": r.config, "capacity": r.capacity,
+        "ops": ops,
+        "peak_requested_bytes": peak_req,
+        "peak_allocated_bytes": r.max(|d| d.peak_allocated_bytes),
+        "peak_reserved_bytes": peak_res,
+        "reserved_over_requested": if peak_req == 0 { 0.0 } else { peak_res as f64 / peak_req as f64 },
+        "device_allocs": r.total(|d| d.device_allocs),
+        "device_frees": r.total(|d| d.device_frees),
+        "device_maps": r.total(|d| d.device_calls.maps),
+        "device_unmaps": r.total(|d| d.device_calls.unmaps),
+        "ooms": r.total(|d| d.ooms),
+        "alloc_retries": r.total(|d| d.alloc_retries),
+        "replay_ns_per_op": ns,
+        "devices": dev,
+    })
+}
+
+fn cmd_replay(path: &PathBuf, policy: String, config: Option<String>, capacity: Option<u64>, repeats: usize, json: bool) -> Result<(), String> {
+    policies(&policy)?;
+    let trace = load(path)?;
+    let opts = ReplayOptions {
+        policy,
+        config,
+        capacity: capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
+        repeats,
+        plan_addresses: None,
+    };
+    let r = cudamem_replay::replay(&trace, &opts)?;
+    if json {
+        println!("{}", to_json(&r));
+        return Ok(());
+    }
+    println!("trace    {}", r.trace);
+    println!("policy   {}   config '{}'   capacity {}", r.policy, r.config, human(r.capacity));
+    for d in &r.devices {
+        println!("\ndevice {}: {} ops, {:.1} ns/op", d.device, d.ops, d.replay_ns_per_op);
+        println!(
+            "  peak requested {}   peak allocated {}   peak reserved {}   (reserved/requested {:.3})",
+            human(d.peak_requested_bytes),
+            human(d.peak_allocated_bytes),
+            human(d.peak_reserved_bytes),
+            d.peak_reserved_bytes as f64 / d.peak_requested_bytes.max(1) as f64
+        );
+        println!(
+            "  device allocs {}   frees {}   maps {}   unmaps {}   OOMs {}   retries {}",
+            d.device_allocs, d.device_frees, d.device_calls.maps, d.device_calls.unmaps, d.ooms, d.alloc_retries
+        );
+        println!(
+            "  as recorded: peak reserved {}   device allocs {}   OOMs {}",
+            human(d.trace_peak_reserved_bytes),
+            d.trace_device_allocs,
+            d.trace_ooms
+        );
+        println!("\nmemory_summary() when reserved memory peaked:");
+        print!("{}", memory_summary(&d.stats_at_peak.to_dict(), d.device, false));
+    }
+    Ok(())
+}
+
+fn bar(len: u64, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("static template"));
+    pb
+}
+
+fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, repeats: usize, json: bool) -> Result<(), String> {
+    let pols = policies(list)?;
+    let pb = bar((paths.len() * pols.len()) as u64, json);
+    let mut rows = Vec::new();
+    for path in paths {
+        let trace = load(path)?;
+        for p in &pols {
+            pb.set_message(format!("{} {}", path.display(), p));
+            let opts = ReplayOptions { policy: p.clone(), config: config.clone(), repeats, ..ReplayOptions::default() };
+            rows.push(cudamem_replay::replay(&trace, &opts)?);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    if json {
+        println!("{}", Value::Array(rows.iter().map(to_json).collect()));
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<20} {:>12} {:>12} {:>9} {:>8} {:>8} {:>6} {:>8}",
+        "trace", "policy", "peak req", "peak resv", "resv/req", "dev alloc", "maps+unm", "OOMs", "ns/op"
+    );
+    for r in &rows {
+        let j = to_json(r);
+        let name = std::path::Path::new(&r.trace).file_name().map_or(r.trace.clone(), |n| n.to_string_lossy().into_owned());
+        println!(
+            "{:<28} {:<20} {:>12} {:>12} {:>9.3} {:>8} {:>8} {:>6} {:>8.1}",
+            name,
+            r.policy,
+            human(j["peak_requested_bytes"].as_u64().unwrap_or(0)),
+            human(j["peak_reserved_bytes"].as_u64().unwrap_or(0)),
+            j["reserved_over_requested"].as_f64().unwrap_or(0.0),
+            j["device_allocs"],
+            j["device_maps"].as_u64().unwrap_or(0) + j["device_unmaps"].as_u64().unwrap_or(0),
+            j["ooms"],
+            j["replay_ns_per_op"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+fn cmd_fit(path: &PathBuf, list: &str, config: Option<String>, json: bool) -> Result<(), String> {
+    let pols = policies(list)?;
+    let trace = load(path)?;
+    let pb = bar(pols.len() as u64, json);
+    let mut out = Vec::new();
+    for p in &pols {
+        pb.set_message(p.clone());
+        let opts = ReplayOptions { policy: p.clone(), config: config.clone(), ..ReplayOptions::default() };
+        let cap = cudamem_replay::fit(&trace, &opts)?;
+        out.push((p.clone(), cap));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    if json {
+        let v: Vec<Value> = out.iter().map(|(p, c)| json!({"trace": trace.source, "policy": p, "min_capacity_bytes": c})).collect();
+        println!("{}", Value::Array(v));
+    } else {
+        println!("smallest simulated GPU on which {} replays without an out-of-memory error:", trace.source);
+        for (p, c) in &out {
+            println!("  {:<20} {:>12}  ({} bytes)", p, human(*c), c);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! # Blocks and pools: the bookkeeping every policy shares
+//!
+//! Vocabulary (used the same way in every module):
+//! * A **segment** is memory obtained from the device in one piece: a `malloc`'d range, or the
+//!   virtual range of an expandable segment (see [`crate::segment`]).
+//! * A **block** is a contiguous byte range of one segment. The blocks of a segment tile it
+//!   exactly, linked in address order by `prev`/`next`. A block is either *allocated* (handed to a
+//!   caller), *pending* (freed by the caller, waiting for events on other streams), or *free*.
+//!   In an expandable segment a free block may also be *unmapped* (no physical pages behind it).
+//! * A **pool** holds the free blocks of one size class (PyTorch: small ≤ 1 MiB, large), ordered
+//!   by `(stream, size, address)` so that `lower_bound` is best fit on the caller's stream.
+//!   Unmapped blocks sit in a second set ordered by `(stream, address)`.
+//!
+//! Invariants (checked by [`crate::CachingAllocator::check_invariants`]):
+//! 1. The blocks of a segment tile it: `b.next.addr == b.addr + b.size`, no gaps, no overlap.
+//! 2. A block is in its pool's free set iff it is free and mapped; in the unmapped set iff it is
+//!    free and unmapped.
+//! 3. Two adjacent free blocks with the same mapped state and no pending events never stay
+//!    unmerged after a free completes (PyTorch merges eagerly).
+//!
+//! Blocks live in an arena and are named by [`BlockId`] (an index), as TensorFlow's BFC allocator
+//! names chunks by handle: the metadata stays in safe Rust and lookups are O(1).
+
+use std::collections::BTreeSet;
+
+use cudamem_device::StreamId;
+
+/// Index of a block in the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockId(pub u32);
+
+/// Index of a segment in the segment table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SegmentId(pub u32);
+
+/// Index of a pool (a policy decides how many there are and what goes where).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PoolId(pub u8);
+
+/// One block. See the [module documentation](self).
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// Device address of the first byte.
+    pub addr: u64,
+    /// Bytes (a multiple of 512).
+    pub size: u64,
+    /// Bytes the caller asked for (0 while free).
+    pub requested: u64,
+    /// The stream the block was allocated on; it is reused only on this stream.
+    pub stream: StreamId,
+    /// The pool the block returns to.
+    pub pool: PoolId,
+    /// The segment the block belongs to.
+    pub segment: SegmentId,
+    /// The block before this one in the segment.
+    pub prev: Option<BlockId>,
+    /// The block after this one in the segment.
+    pub next: Option<BlockId>,
+    /// Handed out to a caller and not yet freed.
+    pub allocated: bool,
+    /// Backed by physical memory (always true outside expandable segments).
+    pub mapped: bool,
+    /// Events still outstanding before the block may be reused (`record_stream`).
+    pub event_count: u32,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    pub stream_uses: Vec<StreamId>,
+    /// The pool's `get_free_block` call count when the block became free (for GC age).
+    pub gc_count_base: i64,
+    /// Stack recorded when the block was last allocated (history), if any.
+    pub stack: Option<u32>,
+    /// True if this block is in a segment that grows page by page.
+    pub expandable: bool,
+}
+
+impl Block {
+    /// Part of a segment that has been split (has a neighbour).
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+    /// Free for reuse: not allocated, no pending events, no foreign stream uses.
+    #[inline]
+    pub fn is_free(&self) -> bool {
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+    }
+}
+
+/// Storage of blocks with stable ids and slot reuse.
+#[derive(Debug, Default)]
+pub struct BlockArena {
+    slots: Vec<Option<Block>>,
+    vacant: Vec<u32>,
+}
+
+impl BlockArena {
+    /// Stores a block and returns its id.
+    pub fn insert(&mut self, b: Block) -> BlockId {
+        if let Some(i) = self.vacant.pop() {
+            self.slots[i as usize] = Some(b);
+            BlockId(i)
+        } else {
+            self.slots.push(Some(b));
+            BlockId(self.slots.len() as u32 - 1)
+        }
+    }
+    /// Removes a block; its id may be reused.
+    pub fn remove(&mut self, id: BlockId) -> Block {
+        let b = self.slots[id.0 as usize].take().expect("removing a dead block");
+        self.vacant.push(id.0);
+        b
+    }
+    /// Iterates over live blocks.
+    pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
+        self.slots.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (BlockId(i as u32), b)))
+    }
+    /// Number of live blocks.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
+    }
+    /// True when no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::ops::Index<BlockId> for BlockArena {
+    type Output = Block;
+    #[inline]
+    fn index(&self, id: BlockId) -> &Block {
+        self.slots[id.0 as usize].as_ref().expect("dead block id")
+    }
+}
+impl std::ops::IndexMut<BlockId> for BlockArena {
+    #[inline]
+    fn index_mut(&mut self, id: BlockId) -> &mut Block {
+        self.slots[id.0 as usize].as_mut().expect("dead block id")
+    }
+}
+
+/// Key of the free set: best fit is the first key ≥ `(stream, size, 0)`.
+pub type SizeKey = (StreamId, u64, u64, BlockId);
+/// Key of the unmapped set: lowest address first, per stream.
+pub type AddrKey = (StreamId, u64, BlockId);
+
+/// The free blocks of one size class. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Pool {
+    /// Whether the pool's blocks count as `small_pool` in the stats.
+    pub is_small: bool,
+    /// Free, mapped blocks by `(stream, size, address)`.
+    pub blocks: BTreeSet<SizeKey>,
+    /// Free, unmapped blocks of expandable segments by `(stream, address)`.
+    pub unmapped: BTreeSet<AddrKey>,
+    /// Calls of `get_free_block`, the clock of garbage collection ages.
+    pub get_free_blocks_call_count: i64,
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(is_small: bool) -> Self {
+        Pool { is_small, blocks: BTreeSet::new(), unmapped: BTreeSet::new(), get_free_blocks_call_count: 0 }
+    }
+    /// The key of a block in the free set.
+    #[inline]
+    pub fn size_key(id: BlockId, b: &Block) -> SizeKey {
+        (b.stream, b.size, b.addr, id)
+    }
+    /// The key of a block in the unmapped set.
+    #[inline]
+    pub fn addr_key(id: BlockId, b: &Block) -> AddrKey {
+        (b.stream, b.addr, id)
+    }
+}

@@ -1,0 +1,933 @@
+//! # The engine: PyTorch's caching-allocator algorithm over [`Block`]s, driven by a [`Policy`]
+//!
+//! [`Engine`] is the state of one device's allocator and the algorithm that changes it. It is not
+//! thread-safe by itself; [`crate::CachingAllocator`] owns it behind a mutex, so every method here
+//! takes `&mut self` and "a public call never calls another public call" holds by construction.
+//!
+//! ## malloc (PyTorch `DeviceCachingAllocator::malloc`)
+//! 1. Complete what finished: query outstanding events, free blocks whose events all completed.
+//! 2. Round the request, choose its pool, and look for the best cached fit on the same stream.
+//! 3. No fit: garbage-collect (only with a memory fraction and a GC threshold), then get device
+//!    memory (a segment, or pages of an expandable segment), then — on failure — release oversize
+//!    cached blocks and retry, then synchronise, release every unsplit cached block and retry.
+//! 4. Still nothing: record an `oom` event and return [`AllocError::OutOfMemory`].
+//! 5. Split the block if the policy says so; hand out the front part.
+//!
+//! ## free
+//! The block stops counting as allocated at once. If other streams used it (`record_stream`),
+//! an event is recorded on each and the block stays *pending* until all complete; then (or at once
+//! when there were none) it is merged with free neighbours and returned to its pool.
+//!
+//! ## Stats and history
+//! Every change of a stat happens next to the state change it describes, once; every history
+//! entry is emitted through [`Engine::trace`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use cudamem_device::{Device, EventId, StreamId};
+
+use crate::block::{Block, BlockArena, BlockId, Pool, PoolId, SegmentId};
+use crate::config::AllocatorConfig;
+use crate::error::{AllocError, OutOfMemory};
+use crate::history::{Action, History};
+use crate::policy::Policy;
+use crate::segment::{Backing, Segment, SegmentTable};
+use crate::stats::DeviceStats;
+
+/// Requests of this size or more are refused outright, as PyTorch does.
+pub const ONE_EXABYTE: u64 = 1 << 60;
+
+/// What a search for a block needs to know (PyTorch's `AllocParams`).
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    size: u64,
+    stream: StreamId,
+    pool: PoolId,
+    alloc_size: u64,
+}
+
+/// The allocator state of one device. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Engine {
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) config: AllocatorConfig,
+    pub(crate) blocks: BlockArena,
+    pub(crate) pools: Vec<Pool>,
+    pub(crate) segments: SegmentTable,
+    /// Allocated blocks by address: the pointers callers hold.
+    pub(crate) allocated: HashMap<u64, BlockId>,
+    /// Outstanding events per stream, in record order.
+    events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
+    pub(crate) stats: DeviceStats,
+    /// Bytes obtained from the device (segments and mapped pages).
+    total_allocated_memory: u64,
+    /// The per-process limit, when a memory fraction is set.
+    pub(crate) allowed_memory_maximum: Option<u64>,
+    pub(crate) history: History,
+    /// Stack to attach to the events of the current call.
+    pub(crate) current_stack: Option<u32>,
+}
+
+impl Engine {
+    /// An empty allocator for `device`.
+    pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
+        let pools = policy.pools().iter().map(|p| Pool::new(p.is_small)).collect();
+        let mut e = Engine {
+            stats: DeviceStats::new(config.max_split_size),
+            device,
+            policy,
+            config,
+            blocks: BlockArena::default(),
+            pools,
+            segments: SegmentTable::default(),
+            allocated: HashMap::new(),
+            events: Vec::new(),
+            total_allocated_memory: 0,
+            allowed_memory_maximum: None,
+            history: History::default(),
+            current_stack: None,
+        };
+        if e.config.per_process_memory_fraction < 1.0 {
+            let f = e.config.per_process_memory_fraction;
+            let _ = e.set_memory_fraction(f);
+        }
+        e
+    }
+
+    /// Emits one history entry (the only place that does).
+    #[inline]
+    fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, stack: Option<u32>) {
+        if self.history.enabled {
+            let stack = if self.history.context >= crate::history::RecordContext::Alloc { stack } else { None };
+            self.history.push(action, addr, size, stream.0, stack);
+        }
+    }
+
+    #[inline]
+    fn is_small(&self, pool: PoolId) -> bool {
+        self.pools[pool.0 as usize].is_small
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // malloc
+    // ----------------------------------------------------------------------------------------
+
+    /// Allocates `orig_size` bytes usable on `stream`. A size of 0 returns address 0 and changes
+    /// nothing, as PyTorch's allocator does.
+    pub fn malloc(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        if orig_size == 0 {
+            return Ok(0);
+        }
+        if orig_size >= ONE_EXABYTE {
+            return Err(self.out_of_memory_error(orig_size, orig_size, true));
+        }
+        self.process_events();
+        let size = self.policy.round_size(&self.config, orig_size);
+        let pool = self.policy.pool_for(&self.config, size);
+        let alloc_size = self.policy.allocation_size(&self.config, size);
+        let req = Request { size, stream, pool, alloc_size };
+
+        let mut block = self.get_free_block(&req);
+        if block.is_none() {
+            block = self.allocate_new(&req)?;
+        }
+        let Some(block) = block else {
+            return Err(self.raise_oom(&req, orig_size));
+        };
+        let split = self.policy.should_split(&self.config, &self.blocks[block], size, self.is_small(pool));
+        Ok(self.alloc_found_block(block, &req, orig_size, split))
+    }
+
+    /// The fallback ladder of PyTorch's malloc, as named steps.
+    fn allocate_new(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
+        if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
+            self.garbage_collect_cached_blocks()?;
+        }
+        if let Some(b) = self.alloc_block(req, false)? {
+            return Ok(Some(b));
+        }
+        if self.release_available_cached_blocks(req)? {
+            if let Some(b) = self.alloc_block(req, false)? {
+                return Ok(Some(b));
+            }
+        }
+        self.release_cached_blocks()?;
+        self.alloc_block(req, true)
+    }
+
+    #[cold]
+    fn raise_oom(&mut self, req: &Request, orig_size: u64) -> AllocError {
+        let err = self.out_of_memory_error(orig_size, req.alloc_size, false);
+        if let AllocError::OutOfMemory(o) = &err {
+            let free = o.free;
+            self.trace(Action::Oom, free, req.size, req.stream, self.current_stack);
+        }
+        self.stats.num_ooms += 1;
+        err
+    }
+
+    fn out_of_memory_error(&self, requested: u64, tried: u64, over: bool) -> AllocError {
+        let (free, total) = self.device.mem_get_info().unwrap_or((0, self.device.total_memory()));
+        AllocError::OutOfMemory(Box::new(OutOfMemory {
+            device: self.device.index(),
+            requested,
+            tried,
+            total,
+            free,
+            allowed: self.allowed_memory_maximum,
+            allocated: self.stats.allocated_bytes.all().current as u64,
+            reserved: self.stats.reserved_bytes.all().current as u64,
+            largest_free_block: self.largest_free_block(),
+            over_one_exabyte: over,
+        }))
+    }
+
+    /// The largest free cached block (PyTorch's `cacheInfo`).
+    pub fn largest_free_block(&self) -> u64 {
+        self.pools.iter().flat_map(|p| p.blocks.iter().map(|k| k.1)).max().unwrap_or(0)
+    }
+
+    /// Best fit on the request's stream (PyTorch `get_free_block`).
+    fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
+        let gc = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let expandable_on = self.policy.expandable_page_size(&self.config, req.pool).is_some();
+        let blocks = &self.blocks;
+        let pool = &mut self.pools[req.pool.0 as usize];
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let mut it = pool.blocks.range((req.stream, req.size, 0, BlockId(0))..).peekable();
+        let mut key = *it.next()?;
+        if key.0 != req.stream {
+            return None;
+        }
+        if blocks[key.3].expandable {
+            // The size a block can grow to by mapping the unmapped block after it.
+            let expandable_size = |id: BlockId| {
+                let b = &blocks[id];
+                b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
+            };
+            if expandable_on {
+                while blocks[key.3].expandable {
+                    match it.peek() {
+                        Some(next) if next.0 == req.stream && expandable_size(next.3) < expandable_size(key.3) => {
+                            key = **next;
+                            it.next();
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                // Expandable segments were switched off: only plain blocks may serve.
+                loop {
+                    key = *it.next()?;
+                    if key.0 != req.stream {
+                        return None;
+                    }
+                    if !blocks[key.3].expandable {
+                        break;
+                    }
+                }
+            }
+        }
+        if !self.policy.accepts_cached(&self.config, req.size, key.1) {
+            return None;
+        }
+        pool.blocks.remove(&key);
+        Some(key.3)
+    }
+
+    /// Gets device memory for the request (PyTorch `alloc_block`). `Ok(None)` means out of
+    /// memory; any other device failure is an error.
+    fn alloc_block(&mut self, req: &Request, is_retry: bool) -> Result<Option<BlockId>, AllocError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(max) = self.allowed_memory_maximum {
+            if self.total_allocated_memory.saturating_add(req.alloc_size) > max {
+                return Ok(None);
+            }
+        }
+        if let Some(page_size) = self.policy.expandable_page_size(&self.config, req.pool) {
+            return self.try_allocate_expandable_block(req, page_size);
+        }
+        let size = req.alloc_size;
+        let ptr = match self.device.malloc(size) {
+            Ok(p) => p,
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.total_allocated_memory += size;
+        let seg = self.segments.insert(Segment {
+            base: ptr,
+            size,
+            pool: req.pool,
+            stream: req.stream,
+            backing: Backing::Malloc,
+            stack: self.current_stack,
+        });
+        let id = self.blocks.insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
+        let small = self.is_small(req.pool);
+        self.stats.segment.increase(small, 1);
+        self.stats.reserved_bytes.increase(small, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
+        Ok(Some(id))
+    }
+
+    fn new_block(&self, addr: u64, size: u64, stream: StreamId, pool: PoolId, segment: SegmentId, expandable: bool) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            segment,
+            prev: None,
+            next: None,
+            allocated: false,
+            mapped: true,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+            stack: None,
+            expandable,
+        }
+    }
+
+    /// Hands out `block` for the request, splitting off the rest (PyTorch `alloc_found_block`).
+    fn alloc_found_block(&mut self, mut block: BlockId, req: &Request, orig_size: u64, split: bool) -> u64 {
+        let small = self.is_small(req.pool);
+        let already_split = self.blocks[block].is_split();
+        let expandable = self.blocks[block].expandable;
+        if split {
+            // The front `size` bytes become a new block; the old block keeps the remainder.
+            let remaining = block;
+            let (addr, prev, seg) = {
+                let r = &self.blocks[remaining];
+                (r.addr, r.prev, r.segment)
+            };
+            let mut nb = self.new_block(addr, req.size, req.stream, req.pool, seg, expandable);
+            nb.prev = prev;
+            nb.next = Some(remaining);
+            block = self.blocks.insert(nb);
+            if let Some(p) = prev {
+                self.blocks[p].next = Some(block);
+            }
+            let r = &mut self.blocks[remaining];
+            r.prev = Some(block);
+            r.addr += req.size;
+            r.size -= req.size;
+            let rsize = r.size;
+            self.insert_free(remaining);
+            if !expandable {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(small, req.size);
+                } else {
+                    self.stats.inactive_split_bytes.increase(small, rsize);
+                    self.stats.inactive_split.increase(small, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            let bsize = self.blocks[block].size;
+            self.stats.inactive_split_bytes.decrease(small, bsize);
+            self.stats.inactive_split.decrease(small, 1);
+        }
+        let stack = self.current_stack;
+        let b = &mut self.blocks[block];
+        b.allocated = true;
+        b.requested = orig_size;
+        b.stack = stack;
+        let (addr, bsize, stream) = (b.addr, b.size, b.stream);
+        self.trace(Action::Alloc, addr, orig_size, stream, stack);
+        self.allocated.insert(addr, block);
+        self.stats.allocation.increase(small, 1);
+        self.stats.allocated_bytes.increase(small, bsize);
+        self.stats.active.increase(small, 1);
+        self.stats.active_bytes.increase(small, bsize);
+        self.stats.requested_bytes.increase(small, orig_size);
+        if bsize >= self.config.max_split_size {
+            self.stats.oversize_allocations.increase(1);
+        }
+        addr
+    }
+
+    /// Puts a free block in its pool's free set (mapped) or unmapped set.
+    #[inline]
+    fn insert_free(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        let pool = &mut self.pools[b.pool.0 as usize];
+        if b.mapped {
+            b.gc_count_base = pool.get_free_blocks_call_count;
+            pool.blocks.insert(Pool::size_key(id, b));
+        } else {
+            pool.unmapped.insert(Pool::addr_key(id, b));
+        }
+    }
+
+    /// Takes a free block out of whichever set holds it.
+    #[inline]
+    fn remove_free(&mut self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        let pool = &mut self.pools[b.pool.0 as usize];
+        if b.mapped {
+            pool.blocks.remove(&Pool::size_key(id, b))
+        } else {
+            pool.unmapped.remove(&Pool::addr_key(id, b))
+        }
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // expandable segments
+    // ----------------------------------------------------------------------------------------
+
+    /// The lowest-addressed run of free and unmapped blocks with `size` bytes of room, in a new
+    /// expandable segment if none has room (PyTorch `find_expandable_block`).
+    fn find_expandable_block(&mut self, req: &Request, page_size: u64) -> Result<BlockId, AllocError> {
+        let allocatable = |blocks: &BlockArena, b: Option<BlockId>| b.filter(|&b| blocks[b].is_free());
+        let pool = &self.pools[req.pool.0 as usize];
+        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId(0))..) {
+            if stream != req.stream {
+                break;
+            }
+            let mut c = id;
+            if let Some(p) = allocatable(&self.blocks, self.blocks[c].prev) {
+                c = p;
+            }
+            let (mut bytes, mut b) = (0u64, Some(c));
+            while bytes < req.size {
+                match allocatable(&self.blocks, b) {
+                    Some(x) => {
+                        bytes += self.blocks[x].size;
+                        b = self.blocks[x].next;
+                    }
+                    None => break,
+                }
+            }
+            if bytes >= req.size {
+                return Ok(c);
+            }
+        }
+        let total = self.device.total_memory();
+        let va = (total + total / 8).div_ceil(page_size) * page_size;
+        let base = self.device.reserve(va)?;
+        let pages = vec![false; (va / page_size) as usize];
+        let seg = self.segments.insert(Segment {
+            base,
+            size: va,
+            pool: req.pool,
+            stream: req.stream,
+            backing: Backing::Expandable { page_size, pages },
+            stack: self.current_stack,
+        });
+        let mut b = self.new_block(base, va, req.stream, req.pool, seg, true);
+        b.mapped = false;
+        let id = self.blocks.insert(b);
+        self.insert_free(id);
+        Ok(id)
+    }
+
+    /// Maps the first `size` bytes of the unmapped block `to_map` (PyTorch `map_block`).
+    /// Returns false when the device is out of memory.
+    fn map_block(&mut self, to_map: BlockId, size: u64) -> Result<bool, AllocError> {
+        let (seg, addr, bsize, stream, pool) = {
+            let b = &self.blocks[to_map];
+            debug_assert!(!b.mapped && size <= b.size);
+            (b.segment, b.addr, b.size, b.stream, b.pool)
+        };
+        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size)? else {
+            return Ok(false);
+        };
+        debug_assert!(mptr == addr && msize >= size);
+        self.remove_free(to_map);
+        self.blocks[to_map].mapped = true;
+        if msize < bsize {
+            let mut rest = self.new_block(addr + msize, bsize - msize, stream, pool, seg, true);
+            rest.mapped = false;
+            rest.prev = Some(to_map);
+            rest.next = self.blocks[to_map].next;
+            let rid = self.blocks.insert(rest);
+            if let Some(n) = self.blocks[to_map].next {
+                self.blocks[n].prev = Some(rid);
+            }
+            self.blocks[to_map].next = Some(rid);
+            self.blocks[to_map].size = msize;
+            self.insert_free(rid);
+        }
+        let (p, n) = (self.blocks[to_map].prev, self.blocks[to_map].next);
+        self.try_merge_blocks(to_map, p);
+        self.try_merge_blocks(to_map, n);
+        self.insert_free(to_map);
+        self.total_allocated_memory += msize;
+        let small = self.is_small(pool);
+        self.stats.reserved_bytes.increase(small, msize);
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentMap, mptr, msize, stream, self.current_stack);
+        Ok(true)
+    }
+
+    /// PyTorch `try_allocate_expandable_block`.
+    fn try_allocate_expandable_block(&mut self, req: &Request, page_size: u64) -> Result<Option<BlockId>, AllocError> {
+        let mut candidate = self.find_expandable_block(req, page_size)?;
+        if !self.blocks[candidate].mapped {
+            let sz = self.blocks[candidate].size.min(req.size);
+            if !self.map_block(candidate, sz)? {
+                return Ok(None);
+            }
+        }
+        while self.blocks[candidate].size < req.size {
+            let remaining = req.size - self.blocks[candidate].size;
+            let next = self.blocks[candidate].next.expect("expandable run continues");
+            let sz = remaining.min(self.blocks[next].size);
+            if !self.map_block(next, sz)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        self.remove_free(candidate);
+        Ok(Some(candidate))
+    }
+
+    /// Unmaps the whole free pages of a free, mapped expandable block (PyTorch `unmap_block`).
+    fn unmap_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let (seg, addr, size, stream, pool) = {
+            let b = &self.blocks[id];
+            (b.segment, b.addr, b.size, b.stream, b.pool)
+        };
+        let (uptr, usize_) = self.segments[seg].unmap(&*self.device, addr, size)?;
+        if usize_ == 0 {
+            return Ok(());
+        }
+        self.remove_free(id);
+        let before = uptr - addr;
+        if before > 0 {
+            let mut bf = self.new_block(addr, before, stream, pool, seg, true);
+            bf.prev = self.blocks[id].prev;
+            bf.next = Some(id);
+            let bid = self.blocks.insert(bf);
+            if let Some(p) = self.blocks[id].prev {
+                self.blocks[p].next = Some(bid);
+            }
+            self.blocks[id].prev = Some(bid);
+            self.insert_free(bid);
+        }
+        let after = size - before - usize_;
+        if after > 0 {
+            let mut af = self.new_block(uptr + usize_, after, stream, pool, seg, true);
+            af.prev = Some(id);
+            af.next = self.blocks[id].next;
+            let aid = self.blocks.insert(af);
+            if let Some(n) = self.blocks[id].next {
+                self.blocks[n].prev = Some(aid);
+            }
+            self.blocks[id].next = Some(aid);
+            self.insert_free(aid);
+        }
+        {
+            let b = &mut self.blocks[id];
+            b.addr = uptr;
+            b.size = usize_;
+            b.mapped = false;
+        }
+        let (p, n) = (self.blocks[id].prev, self.blocks[id].next);
+        self.try_merge_blocks(id, p);
+        self.try_merge_blocks(id, n);
+        self.insert_free(id);
+        self.total_allocated_memory -= usize_;
+        let small = self.is_small(pool);
+        self.stats.reserved_bytes.decrease(small, usize_);
+        self.stats.num_device_free += 1;
+        self.trace(Action::SegmentUnmap, uptr, usize_, stream, self.current_stack);
+        Ok(())
+    }
+
+    /// Returns a wholly unmapped expandable segment's address space.
+    fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let seg = self.blocks[id].segment;
+        debug_assert!(!self.blocks[id].mapped && self.blocks[id].size == self.segments[seg].size);
+        self.remove_free(id);
+        self.blocks.remove(id);
+        let s = self.segments.remove(seg);
+        self.device.release_reservation(s.base, s.size)?;
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // free
+    // ----------------------------------------------------------------------------------------
+
+    /// Frees an allocation. Unknown, interior or already-freed pointers are an error and change
+    /// nothing. Address 0 (a zero-size allocation) is accepted and ignored.
+    pub fn free(&mut self, ptr: u64) -> Result<(), AllocError> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let Some(id) = self.allocated.remove(&ptr) else {
+            return Err(self.invalid_pointer(ptr));
+        };
+        let small = self.is_small(self.blocks[id].pool);
+        let b = &mut self.blocks[id];
+        b.allocated = false;
+        let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
+        self.stats.allocation.decrease(small, 1);
+        self.stats.allocated_bytes.decrease(small, size);
+        let free_stack = if self.history.context >= crate::history::RecordContext::All { self.current_stack } else { stack };
+        self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
+        if size >= self.config.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if self.blocks[id].stream_uses.is_empty() {
+            self.free_block(id);
+        } else {
+            self.insert_events(id);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn invalid_pointer(&self, ptr: u64) -> AllocError {
+        let containing = self.blocks.iter().find(|(_, b)| b.addr <= ptr && ptr < b.addr + b.size);
+        let reason = match containing {
+            Some((_, b)) if b.addr == ptr && !b.allocated => {
+                "not allocated: freed already (double free?) or never handed out".to_string()
+            }
+            Some((_, b)) => format!(
+                "inside the {} block at {:#x} (+{} bytes); only the start of an allocation can be freed",
+                if b.allocated { "allocated" } else { "free" },
+                b.addr,
+                ptr - b.addr
+            ),
+            None => format!("not allocated by this allocator (device {})", self.device.name()),
+        };
+        AllocError::InvalidPointer { ptr, reason }
+    }
+
+    /// Returns a block whose uses are over to its pool (PyTorch `free_block`).
+    fn free_block(&mut self, id: BlockId) {
+        let (addr, requested, stream, stack, original_size, pool, expandable) = {
+            let b = &self.blocks[id];
+            debug_assert!(b.is_free());
+            (b.addr, b.requested, b.stream, b.stack, b.size, b.pool, b.expandable)
+        };
+        self.trace(Action::FreeCompleted, addr, requested, stream, stack);
+        self.blocks[id].stack = None;
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for cand in [self.blocks[id].prev, self.blocks[id].next] {
+            let subsumed = self.try_merge_blocks(id, cand);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_free(id);
+        let b = &mut self.blocks[id];
+        b.requested = 0;
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        let small = self.is_small(pool);
+        if !expandable {
+            self.stats.inactive_split.change(small, net_blocks);
+            self.stats.inactive_split_bytes.change(small, net_bytes);
+        }
+        self.stats.active.decrease(small, 1);
+        self.stats.active_bytes.decrease(small, original_size);
+        self.stats.requested_bytes.decrease(small, requested);
+    }
+
+    /// Merges the free neighbour `src` into `dst` (PyTorch `try_merge_blocks`); returns the bytes
+    /// gained, 0 when `src` is absent, busy or differently mapped. `dst` must not be in a set.
+    fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
+        let Some(src) = src else { return 0 };
+        {
+            let s = &self.blocks[src];
+            if !s.is_free() || s.mapped != self.blocks[dst].mapped {
+                return 0;
+            }
+        }
+        self.remove_free(src);
+        let s = self.blocks.remove(src);
+        let d = &mut self.blocks[dst];
+        if d.prev == Some(src) {
+            d.addr = s.addr;
+            d.prev = s.prev;
+            if let Some(p) = s.prev {
+                self.blocks[p].next = Some(dst);
+            }
+        } else {
+            d.next = s.next;
+            if let Some(n) = s.next {
+                self.blocks[n].prev = Some(dst);
+            }
+        }
+        self.blocks[dst].size += s.size;
+        s.size
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // streams and events
+    // ----------------------------------------------------------------------------------------
+
+    /// Marks an allocation as used on `stream` too: it will not be reused before the work queued
+    /// on `stream` at its free has completed. Uses on its own stream need nothing.
+    pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let Some(&id) = self.allocated.get(&ptr) else {
+            return Err(self.invalid_pointer(ptr));
+        };
+        let b = &mut self.blocks[id];
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, id: BlockId) {
+        let streams = std::mem::take(&mut self.blocks[id].stream_uses);
+        for s in streams {
+            match self.device.record_event(s) {
+                Ok(ev) => {
+                    self.blocks[id].event_count += 1;
+                    match self.events.iter_mut().find(|(st, _)| *st == s) {
+                        Some((_, q)) => q.push_back((ev, id)),
+                        None => self.events.push((s, VecDeque::from([(ev, id)]))),
+                    }
+                }
+                // No event, no way to know when the stream is done: wait for it now instead.
+                Err(_) => {
+                    let _ = self.device.synchronize_stream(s);
+                }
+            }
+        }
+        if self.blocks[id].event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Frees the blocks whose events have all completed (PyTorch `process_events`). A failing
+    /// query counts as "not yet": the block stays pending until a later query or a sync.
+    pub fn process_events(&mut self) {
+        if self.events.is_empty() {
+            return;
+        }
+        let mut si = 0;
+        while si < self.events.len() {
+            while let Some(&(ev, block)) = self.events[si].1.front() {
+                if !matches!(self.device.query_event(ev), Ok(true)) {
+                    break;
+                }
+                self.events[si].1.pop_front();
+                self.device.destroy_event(ev);
+                self.event_done(block);
+            }
+            if self.events[si].1.is_empty() {
+                self.events.swap_remove(si);
+            } else {
+                si += 1;
+            }
+        }
+    }
+
+    fn event_done(&mut self, block: BlockId) {
+        let b = &mut self.blocks[block];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(block);
+        }
+    }
+
+    /// Waits for every outstanding event and frees its block (PyTorch
+    /// `synchronize_and_free_events`).
+    fn synchronize_and_free_events(&mut self) -> Result<(), AllocError> {
+        self.stats.num_sync_all_streams += 1;
+        let all = std::mem::take(&mut self.events);
+        for (_, q) in all {
+            for (ev, block) in q {
+                if self.device.synchronize_event(ev).is_err() {
+                    self.device.synchronize()?;
+                }
+                self.device.destroy_event(ev);
+                self.event_done(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of blocks waiting for events.
+    pub fn pending_frees(&self) -> usize {
+        self.events.iter().map(|(_, q)| q.len()).sum()
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // releasing cached memory
+    // ----------------------------------------------------------------------------------------
+
+    /// `empty_cache`: waits for outstanding events, then returns every unsplit cached segment and
+    /// every whole free page of expandable segments to the device.
+    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.release_cached_blocks()
+    }
+
+    fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.synchronize_and_free_events()?;
+        // PyTorch releases the large pool first, then the small one.
+        let mut order: Vec<usize> = (0..self.pools.len()).collect();
+        order.sort_by_key(|&i| self.pools[i].is_small);
+        for p in order {
+            self.release_blocks(PoolId(p as u8))?;
+        }
+        Ok(())
+    }
+
+    fn release_blocks(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        let keys: Vec<_> = self.pools[pool.0 as usize].blocks.iter().map(|k| k.3).collect();
+        let mut to_unmap = Vec::new();
+        for id in keys {
+            let b = &self.blocks[id];
+            if b.expandable {
+                to_unmap.push(id);
+            } else if !b.is_split() {
+                self.release_block(id)?;
+            }
+        }
+        for id in to_unmap {
+            self.unmap_block(id)?;
+            if !self.blocks[id].is_split() {
+                self.release_expandable_segment(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns an unsplit cached segment to the device (PyTorch `release_block`).
+    fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let (addr, size, stream, pool, seg) = {
+            let b = &self.blocks[id];
+            debug_assert!(!b.expandable && !b.is_split());
+            (b.addr, b.size, b.stream, b.pool, b.segment)
+        };
+        let seg_stack = self.segments[seg].stack;
+        self.device.free(addr, size)?;
+        self.stats.num_device_free += 1;
+        self.trace(Action::SegmentFree, addr, size, stream, seg_stack);
+        self.total_allocated_memory -= size;
+        let small = self.is_small(pool);
+        self.stats.segment.decrease(small, 1);
+        self.stats.reserved_bytes.decrease(small, size);
+        if size >= self.config.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.remove_free(id);
+        self.blocks.remove(id);
+        self.segments.remove(seg);
+        Ok(())
+    }
+
+    /// Frees oversize cached blocks, just enough for the request (PyTorch
+    /// `release_available_cached_blocks`); only with a `max_split_size`.
+    fn release_available_cached_blocks(&mut self, req: &Request) -> Result<bool, AllocError> {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let key_size = req.size.max(max_split);
+        let pool = &self.pools[req.pool.0 as usize];
+        let found = pool.blocks.range((req.stream, key_size, 0, BlockId(0))..).next().copied();
+        match found {
+            Some(k) if k.0 == req.stream => {
+                self.release_block(k.3)?;
+                Ok(true)
+            }
+            _ => {
+                // No single block is large enough: free oversize blocks, largest first.
+                let victims: Vec<_> = pool
+                    .blocks
+                    .range(..(req.stream, key_size, 0, BlockId(0)))
+                    .rev()
+                    .take_while(|k| k.0 == req.stream && k.1 >= max_split)
+                    .copied()
+                    .collect();
+                let mut released = 0;
+                for k in victims {
+                    if released >= key_size {
+                        break;
+                    }
+                    released += k.1;
+                    self.release_block(k.3)?;
+                }
+                Ok(released >= key_size)
+            }
+        }
+    }
+
+    /// Frees old unsplit cached blocks when usage passes the GC threshold (PyTorch
+    /// `garbage_collect_cached_blocks`); never synchronises.
+    fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        let Some(max) = self.allowed_memory_maximum else { return Ok(()) };
+        let threshold = (self.config.garbage_collection_threshold * max as f64) as u64;
+        if self.total_allocated_memory <= threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated_memory - threshold;
+        let large: Vec<usize> = (0..self.pools.len()).filter(|&i| !self.pools[i].is_small).collect();
+        let age = |e: &Engine, id: BlockId| {
+            let b = &e.blocks[id];
+            e.pools[b.pool.0 as usize].get_free_blocks_call_count - b.gc_count_base
+        };
+        let freeable = |e: &Engine| -> Vec<BlockId> {
+            large
+                .iter()
+                .flat_map(|&p| e.pools[p].blocks.iter().map(|k| k.3))
+                .filter(|&id| !e.blocks[id].is_split() && !e.blocks[id].expandable)
+                .collect()
+        };
+        let mut reclaimed = 0;
+        let mut candidates = freeable(self);
+        let mut total_age: i64 = candidates.iter().map(|&id| age(self, id)).sum();
+        while reclaimed < target && !candidates.is_empty() {
+            let threshold_age = total_age as f64 / candidates.len() as f64;
+            let mut freed_any = false;
+            for id in candidates.clone() {
+                let a = age(self, id);
+                if a as f64 >= threshold_age {
+                    reclaimed += self.blocks[id].size;
+                    total_age -= a;
+                    self.release_block(id)?;
+                    freed_any = true;
+                }
+            }
+            if !freed_any {
+                break;
+            }
+            candidates = freeable(self);
+        }
+        Ok(())
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // limits and settings
+    // ----------------------------------------------------------------------------------------
+
+    /// Limits this process to `fraction` of the device's memory (cached bytes count).
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
+        if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {
+            return Err(AllocError::InvalidArgument(format!(
+                "invalid memory fraction {fraction}: set it within [0, 1]"
+            )));
+        }
+        let (_, total) = self.device.mem_get_info()?;
+        self.allowed_memory_maximum = Some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    /// Bytes obtained from the device.
+    pub fn total_allocated_memory(&self) -> u64 {
+        self.total_allocated_memory
+    }
+}

@@ -1,0 +1,64 @@
+//! # Policies: the rules, apart from the bookkeeping
+//!
+//! The engine (`crate::engine`) owns the mechanisms every caching allocator needs: blocks,
+//! segments, pools, splitting, merging, stream events, expandable mappings, stats and history.
+//! A [`Policy`] makes the decisions: how a request is rounded, which pool serves it, how much
+//! device memory to get when the cache has no fit, whether a cached block is acceptable, whether
+//! to split, and whether a pool grows by mapping pages. Adding a policy means adding a file in
+//! this folder and a line in [`by_name`].
+//!
+//! Policies are stateless: every decision is a pure function of the configuration and sizes, so
+//! the engine can call them under its lock without surprises.
+
+mod pytorch;
+
+use std::fmt;
+
+pub use pytorch::PytorchPolicy;
+
+use crate::block::{Block, PoolId};
+use crate::config::AllocatorConfig;
+
+/// What a pool is, as a policy declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Its blocks count as `small_pool` in the stats (else `large_pool`).
+    pub is_small: bool,
+}
+
+/// The decisions of a caching allocator. See the [module documentation](self).
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// The policy's name, as given to `--policy`.
+    fn name(&self) -> &str;
+    /// The pools this policy uses; `PoolId(i)` is the i-th.
+    fn pools(&self) -> Vec<PoolSpec>;
+    /// The block size for a request of `size` bytes (≥ 1).
+    fn round_size(&self, cfg: &AllocatorConfig, size: u64) -> u64;
+    /// The pool that serves a block of `rounded` bytes.
+    fn pool_for(&self, cfg: &AllocatorConfig, rounded: u64) -> PoolId;
+    /// Bytes of new device memory to obtain when no cached block fits `rounded`.
+    fn allocation_size(&self, cfg: &AllocatorConfig, rounded: u64) -> u64;
+    /// `Some(page size)` if the pool grows by mapping pages into an expandable segment,
+    /// `None` if it allocates whole segments.
+    fn expandable_page_size(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64>;
+    /// Whether the best-fitting cached block of `candidate` bytes may serve `rounded`.
+    fn accepts_cached(&self, cfg: &AllocatorConfig, rounded: u64, candidate: u64) -> bool;
+    /// Whether to split `block` when it serves `rounded` bytes, returning the rest to the pool.
+    fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool;
+}
+
+/// The policy names the command line and the APIs accept.
+pub const POLICY_NAMES: &[&str] = &["pytorch", "pytorch-expandable"];
+
+/// The policy of a name, and the config changes that name implies (`pytorch-expandable` is
+/// PyTorch's policy with `expandable_segments:True`).
+pub fn by_name(name: &str, cfg: &mut AllocatorConfig) -> Result<Box<dyn Policy>, String> {
+    match name {
+        "pytorch" => Ok(Box::new(PytorchPolicy)),
+        "pytorch-expandable" => {
+            cfg.expandable_segments = true;
+            Ok(Box::new(PytorchPolicy))
+        }
+        other => Err(format!("unknown policy '{other}' (known: {})", POLICY_NAMES.join(", "))),
+    }
+}

@@ -1,0 +1,32 @@
+//! # Trace replay: a recorded job's allocations, re-run through cudamem
+//!
+//! A PyTorch memory snapshot (or an RMM log) records every `alloc` and free of a job. Replaying
+//! it through a [`CachingAllocator`] on a simulated GPU answers "what would this job have
+//! reserved with another policy, another configuration, or another GPU" without the GPU.
+//!
+//! ## How a trace becomes calls
+//! The trace is first compiled into a [`Program`]: a flat list of [`Op`]s where each allocation
+//! gets a slot number, so the timed loop does no hashing of trace addresses.
+//! * `alloc` → `malloc(size, stream)`; the returned address goes into the allocation's slot.
+//! * `free_requested` immediately followed (for that address) by `free_completed` → `free`.
+//! * `free_requested` whose `free_completed` comes later (the block waited on events, as after
+//!   `record_stream`) → `record_stream` on a private replay stream, then `free`; at the
+//!   `free_completed` that stream's event is completed, so the block becomes reusable exactly
+//!   when PyTorch's did (at the next `malloc`'s event processing).
+//! * A run of `segment_free`/`segment_unmap` entries is the job calling `empty_cache()` (or
+//!   PyTorch's out-of-memory retry, which releases the same blocks) → `empty_cache()`.
+//! * Other segment entries, `oom`, `snapshot` and annotations are the recorded allocator's own
+//!   output: they are compared against, not replayed.
+//!
+//! An allocation that fails in the replay is counted in `ooms`; its frees are skipped.
+//!
+//! ## Fidelity
+//! With the `pytorch` policy and the trace's own settings, new segments get the addresses the
+//! trace's `segment_alloc` entries carry (see `SimDevice::plan_addresses`), so ties between
+//! equal-size free blocks break as they did in PyTorch and the segment history is reproduced.
+
+mod program;
+mod run;
+
+pub use program::{Op, Program};
+pub use run::{fit, replay, replay_device, DeviceResult, ReplayOptions, ReplayResult};

@@ -1,0 +1,122 @@
+//! Compiling a trace into replayable operations.
+
+use std::collections::HashMap;
+
+use cudamem_trace::{Action, DeviceTrace};
+
+/// One replay step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `size` bytes on `stream` into slot `slot`.
+    Malloc {
+        /// Requested bytes.
+        size: u64,
+        /// Stream handle.
+        stream: u64,
+        /// Slot receiving the address.
+        slot: u32,
+    },
+    /// Free the allocation in `slot`; with `deferred`, its reuse waits for replay stream
+    /// `deferred` to complete.
+    Free {
+        /// Slot to free.
+        slot: u32,
+        /// Private replay stream whose completion makes the block reusable.
+        deferred: Option<u32>,
+    },
+    /// Complete the replay stream (the trace's `free_completed` of a deferred free).
+    Complete {
+        /// Replay stream to complete.
+        stream: u32,
+    },
+    /// The job released the cache.
+    EmptyCache,
+}
+
+/// A device trace compiled into [`Op`]s.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    /// Device ordinal.
+    pub device: i32,
+    /// The steps.
+    pub ops: Vec<Op>,
+    /// Number of slots.
+    pub slots: u32,
+    /// Number of private replay streams (deferred frees).
+    pub deferred_streams: u32,
+    /// Trace events counted as operations (allocs and frees).
+    pub trace_ops: u64,
+    /// Addresses of the trace's `segment_alloc` entries, in order.
+    pub segment_addresses: Vec<u64>,
+    /// `oom` entries in the trace.
+    pub trace_ooms: u64,
+    /// Peak of the running sum of the trace's segment entries (bytes reserved as recorded).
+    pub trace_peak_reserved: u64,
+    /// Number of the trace's `segment_alloc` + `segment_map` entries.
+    pub trace_device_allocs: u64,
+    /// Frees whose allocation the trace does not contain (recorded before history started).
+    pub unmatched_frees: u64,
+}
+
+impl Program {
+    /// Compiles one device's events.
+    pub fn compile(dt: &DeviceTrace) -> Program {
+        let ev = &dt.events;
+        let mut p = Program { device: dt.device, ..Program::default() };
+        let mut live: HashMap<u64, u32> = HashMap::new();
+        // Deferred frees waiting for their free_completed: address -> replay stream.
+        let mut pending: HashMap<u64, u32> = HashMap::new();
+        let (mut reserved, mut in_release_run) = (0i64, false);
+        for (i, e) in ev.iter().enumerate() {
+            let is_release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
+            if is_release && !in_release_run {
+                p.ops.push(Op::EmptyCache);
+            }
+            in_release_run = is_release || (in_release_run && matches!(e.action, Action::Snapshot));
+            match e.action {
+                Action::Alloc => {
+                    let slot = p.slots;
+                    p.slots += 1;
+                    live.insert(e.addr, slot);
+                    p.ops.push(Op::Malloc { size: e.size, stream: e.stream, slot });
+                    p.trace_ops += 1;
+                }
+                Action::FreeRequested => {
+                    p.trace_ops += 1;
+                    let Some(slot) = live.remove(&e.addr) else {
+                        p.unmatched_frees += 1;
+                        continue;
+                    };
+                    let immediate = ev
+                        .get(i + 1)
+                        .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
+                    if immediate {
+                        p.ops.push(Op::Free { slot, deferred: None });
+                    } else {
+                        let s = p.deferred_streams;
+                        p.deferred_streams += 1;
+                        pending.insert(e.addr, s);
+                        p.ops.push(Op::Free { slot, deferred: Some(s) });
+                    }
+                }
+                Action::FreeCompleted => {
+                    if let Some(s) = pending.remove(&e.addr) {
+                        p.ops.push(Op::Complete { stream: s });
+                    }
+                }
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    if e.action == Action::SegmentAlloc {
+                        p.segment_addresses.push(e.addr);
+                    }
+                    p.trace_device_allocs += 1;
+                    reserved += e.size as i64;
+                    p.trace_peak_reserved = p.trace_peak_reserved.max(reserved.max(0) as u64);
+                }
+                Action::SegmentFree | Action::SegmentUnmap => reserved -= e.size as i64,
+                Action::Oom => p.trace_ooms += 1,
+                Action::Snapshot | Action::Annotate => {}
+            }
+        }
+        p
+    }
+}

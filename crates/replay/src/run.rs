@@ -1,0 +1,251 @@
+//! Running a [`Program`] on a simulated device, timing it, and searching the smallest capacity.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, DeviceStats, Engine};
+use cudamem_device::sim::{EventMode, SimConfig, SimDevice, H200_CAPACITY};
+use cudamem_device::{Device, DeviceCounters, StreamId};
+use cudamem_trace::Trace;
+
+use crate::program::{Op, Program};
+
+/// Replay streams for deferred frees live far above real stream handles.
+const DEFERRED_STREAM_BASE: u64 = 0xdef0_0000_0000_0000;
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// Policy name (`pytorch`, `pytorch-expandable`, ...).
+    pub policy: String,
+    /// Allocator settings in `PYTORCH_CUDA_ALLOC_CONF` syntax, applied over the trace's own
+    /// settings (which are used when this is `None` or empty).
+    pub config: Option<String>,
+    /// Simulated device memory in bytes.
+    pub capacity: u64,
+    /// Timed repetitions; the reported ns/op is their median. 0 = only the measured run.
+    pub repeats: usize,
+    /// Give new segments the trace's recorded addresses (default: when the policy is `pytorch`
+    /// with the trace's own settings, the only case where they mean the same thing).
+    pub plan_addresses: Option<bool>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { policy: "pytorch".into(), config: None, capacity: H200_CAPACITY, repeats: 3, plan_addresses: None }
+    }
+}
+
+/// What the replay of one device found.
+#[derive(Clone, Debug)]
+pub struct DeviceResult {
+    /// Device ordinal.
+    pub device: i32,
+    /// Trace operations replayed (allocs and frees).
+    pub ops: u64,
+    /// Peak of live requested bytes.
+    pub peak_requested_bytes: u64,
+    /// Peak of allocated (rounded) bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak of reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Device allocations (segment mallocs and expandable maps), as `num_device_alloc`.
+    pub device_allocs: u64,
+    /// Device frees (segment frees and unmaps), as `num_device_free`.
+    pub device_frees: u64,
+    /// Driver-level calls counted by the simulated device.
+    pub device_calls: DeviceCounters,
+    /// Allocations that failed.
+    pub ooms: u64,
+    /// Allocations that needed the release-all retry.
+    pub alloc_retries: u64,
+    /// Median ns per op over the timed runs (load and compile excluded).
+    pub replay_ns_per_op: f64,
+    /// Stats when reserved memory peaked.
+    pub stats_at_peak: DeviceStats,
+    /// Stats at the end.
+    pub stats_at_end: DeviceStats,
+    /// Peak reserved bytes as the trace's own segment entries record it.
+    pub trace_peak_reserved_bytes: u64,
+    /// Device allocations as the trace records them.
+    pub trace_device_allocs: u64,
+    /// `oom` entries in the trace.
+    pub trace_ooms: u64,
+}
+
+/// The replay of a whole trace.
+#[derive(Clone, Debug)]
+pub struct ReplayResult {
+    /// The trace's name.
+    pub trace: String,
+    /// Policy replayed.
+    pub policy: String,
+    /// Effective settings string.
+    pub config: String,
+    /// Simulated capacity per device.
+    pub capacity: u64,
+    /// Per device.
+    pub devices: Vec<DeviceResult>,
+}
+
+impl ReplayResult {
+    /// Sum of a count over devices.
+    pub fn total(&self, f: impl Fn(&DeviceResult) -> u64) -> u64 {
+        self.devices.iter().map(f).sum()
+    }
+    /// Largest per-device value (peaks: each device is its own GPU).
+    pub fn max(&self, f: impl Fn(&DeviceResult) -> u64) -> u64 {
+        self.devices.iter().map(f).max().unwrap_or(0)
+    }
+}
+
+/// The configuration a replay uses: the trace's settings, then `opts.config` over them.
+pub fn effective_config(trace: &Trace, opts: &ReplayOptions) -> Result<AllocatorConfig, String> {
+    let mut cfg = AllocatorConfig::parse(&trace.settings.conf)
+        .map_err(|e| format!("{}: the trace's allocator settings: {e}", trace.source))?;
+    if trace.settings.expandable_segments {
+        cfg.expandable_segments = true;
+    }
+    if let Some(s) = opts.config.as_deref().filter(|s| !s.trim().is_empty()) {
+        cfg.apply(s).map_err(|e| format!("--config: {e}"))?;
+    }
+    Ok(cfg)
+}
+
+fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Arc<SimDevice>, CachingAllocator), String> {
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        index: p.device,
+        capacity: opts.capacity,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }));
+    if plan {
+        sim.plan_addresses(p.segment_addresses.iter().copied());
+    }
+    let dev: Arc<dyn Device> = sim.clone();
+    let alloc = CachingAllocator::with_policy(dev, cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
+    Ok((sim, alloc))
+}
+
+/// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if asked).
+fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
+    slots.iter_mut().for_each(|s| *s = 0);
+    let mut ooms = 0;
+    let mut peak: Option<DeviceStats> = None;
+    let mut best = -1i64;
+    let t = Instant::now();
+    for op in &p.ops {
+        match *op {
+            Op::Malloc { size, stream, slot } => match e.malloc(size, StreamId(stream)) {
+                Ok(ptr) => {
+                    slots[slot as usize] = ptr;
+                    if capture && e.stats.reserved_bytes.all().current > best {
+                        best = e.stats.reserved_bytes.all().current;
+                        peak = Some(e.stats);
+                    }
+                }
+                Err(err) if err.is_out_of_memory() => ooms += 1,
+                Err(err) => panic!("replay: device failure on a simulated device: {err}"),
+            },
+            Op::Free { slot, deferred } => {
+                let ptr = slots[slot as usize];
+                if ptr == 0 {
+                    continue; // its allocation failed (or was size 0)
+                }
+                if let Some(s) = deferred {
+                    let _ = e.record_stream(ptr, StreamId(DEFERRED_STREAM_BASE + s as u64));
+                }
+                e.free(ptr).expect("replay frees only what it allocated");
+            }
+            Op::Complete { stream } => sim.complete_stream(StreamId(DEFERRED_STREAM_BASE + stream as u64)),
+            Op::EmptyCache => e.empty_cache().expect("empty_cache on a simulated device"),
+        }
+    }
+    (t.elapsed().as_nanos() as u64, ooms, peak)
+}
+
+/// Replays one compiled device trace.
+pub fn replay_device(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, trace_own_settings: bool) -> Result<DeviceResult, String> {
+    let plan = opts.plan_addresses.unwrap_or(trace_own_settings && opts.policy == "pytorch");
+    let mut slots = vec![0u64; p.slots as usize];
+    let (sim, alloc) = new_allocator(p, cfg, opts, plan)?;
+    let (ns, ooms, peak) = {
+        let mut e = alloc.lock();
+        run_once(p, &mut e, &sim, &mut slots, true)
+    };
+    let stats = alloc.stats();
+    let mut times = vec![ns];
+    for _ in 0..opts.repeats {
+        let (sim2, a2) = new_allocator(p, cfg, opts, plan)?;
+        let mut e = a2.lock();
+        times.push(run_once(p, &mut e, &sim2, &mut slots, false).0);
+    }
+    times.sort_unstable();
+    let median = times[times.len() / 2];
+    let ops = (p.trace_ops).max(1);
+    Ok(DeviceResult {
+        device: p.device,
+        ops: p.trace_ops,
+        peak_requested_bytes: stats.requested_bytes.all().peak as u64,
+        peak_allocated_bytes: stats.allocated_bytes.all().peak as u64,
+        peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
+        device_allocs: stats.num_device_alloc as u64,
+        device_frees: stats.num_device_free as u64,
+        device_calls: sim.counters(),
+        ooms,
+        alloc_retries: stats.num_alloc_retries as u64,
+        replay_ns_per_op: median as f64 / ops as f64,
+        stats_at_peak: peak.unwrap_or(stats),
+        stats_at_end: stats,
+        trace_peak_reserved_bytes: p.trace_peak_reserved,
+        trace_device_allocs: p.trace_device_allocs,
+        trace_ooms: p.trace_ooms,
+    })
+}
+
+/// Replays every device of a trace.
+pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, String> {
+    let cfg = effective_config(trace, opts)?;
+    let own = opts.config.as_deref().is_none_or(|s| s.trim().is_empty());
+    let mut devices = Vec::new();
+    for dt in &trace.devices {
+        let p = Program::compile(dt);
+        devices.push(replay_device(&p, &cfg, opts, own)?);
+    }
+    let mut config = cfg.settings.clone();
+    if opts.policy == "pytorch-expandable" && !config.contains("expandable_segments") {
+        config = if config.is_empty() { "expandable_segments:True".into() } else { format!("{config},expandable_segments:True") };
+    }
+    Ok(ReplayResult { trace: trace.source.clone(), policy: opts.policy.clone(), config, capacity: opts.capacity, devices })
+}
+
+/// The smallest capacity (a multiple of 2 MiB) on which every device of the trace replays
+/// without an out-of-memory error, found by bisection between the peak requested bytes and the
+/// peak reserved on an H200. Assumes more memory never hurts, which holds for these policies
+/// except in contrived cases; the answer is re-verified by a final replay.
+pub fn fit(trace: &Trace, opts: &ReplayOptions) -> Result<u64, String> {
+    const STEP: u64 = 2 << 20;
+    let base = ReplayOptions { repeats: 0, capacity: H200_CAPACITY, plan_addresses: Some(false), ..opts.clone() };
+    let full = replay(trace, &base)?;
+    if full.total(|d| d.ooms) > 0 {
+        return Err(format!("{} does not fit even in {} bytes", trace.source, H200_CAPACITY));
+    }
+    let ok = |cap: u64| -> Result<bool, String> {
+        let r = replay(trace, &ReplayOptions { capacity: cap, ..base.clone() })?;
+        Ok(r.total(|d| d.ooms) == 0)
+    };
+    let mut lo = full.max(|d| d.peak_requested_bytes) / STEP; // lo*STEP: assumed too small
+    let mut hi = full.max(|d| d.peak_reserved_bytes).div_ceil(STEP); // hi*STEP fits
+    if lo >= hi {
+        lo = hi.saturating_sub(1);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if ok(mid * STEP)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi * STEP)
+}
