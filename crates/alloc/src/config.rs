@@ -1,1 +1,1639 @@
-//! Allocator configuration (being written).
+//! The allocator configuration, parsed from PyTorch's `PYTORCH_CUDA_ALLOC_CONF`
+//! syntax.
+//!
+//! A configuration string is a comma-separated list of `key:value` pairs;
+//! a value is one token or a bracketed list (`roundup_power2_divisions:
+//! [1:8,256:4,>:1]`). As in PyTorch's `ConfigTokenizer`, every whitespace
+//! character is dropped before tokenizing (also inside tokens), a trailing
+//! comma is accepted and a key may appear more than once (the last one wins).
+//! Booleans are exactly `True` or `False`.
+//!
+//! [`AllocatorConfig`] holds PyTorch's defaults and keys (those of
+//! `AcceleratorAllocatorConfig` and `CUDAAllocatorConfig`, with the HIP
+//! aliases `release_lock_on_hipmalloc` and `pinned_use_hip_host_register`),
+//! plus one key of cudamem's own, `policy`. It also implements PyTorch's
+//! `round_size`, the first rounding of every request, because that rounding
+//! is driven by `roundup_power2_divisions`.
+//!
+//! Guarantees:
+//! - Parsing never panics, whatever the input; every rejection is a
+//!   [`ConfigError`] whose message names the key and the offending value.
+//! - Values PyTorch accepts are accepted with PyTorch's meaning, limits and
+//!   clamping (e.g. `max_split_size_mb` at least `large_segment_size_mb`,
+//!   huge MiB counts clamped instead of overflowing). cudamem is stricter in
+//!   one way: a number must be all digits, where C++'s `stoull` would accept
+//!   `20abc` as 20 or `-1` as 2^64-1.
+//! - [`AllocatorConfig::apply`] has PyTorch's runtime semantics
+//!   (`torch._C._accelerator_setAllocatorSettings`) and is atomic: on error
+//!   the configuration is unchanged.
+//! - [`AllocatorConfig::round_size`] never panics or wraps for any `u64`:
+//!   a rounded size that would exceed `u64::MAX` saturates to `u64::MAX`
+//!   (no device can satisfy it, so it ends in an out-of-memory error).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One MiB, the unit of every `*_mb` key.
+pub const MIB: u64 = 1 << 20;
+/// PyTorch's `kMinBlockSize`: every block size is a multiple of 512 bytes.
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// PyTorch's `kLargeBuffer`: default large segment size, 20 MiB.
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// PyTorch's `kMinLargeAlloc`: `large_segment_size_mb` must exceed this.
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// Number of `roundup_power2_divisions` buckets, covering 1 MiB to 64 GiB.
+pub const ROUNDUP_POWER2_INTERVALS: usize = 16;
+/// PyTorch's `pinned_max_register_threads()`.
+pub const MAX_REGISTER_THREADS: u64 = 128;
+
+/// Environment variables [`AllocatorConfig::from_env`] reads, in priority
+/// order: cudamem's own, then PyTorch's (`PYTORCH_CUDA_ALLOC_CONF`, its HIP
+/// spelling, then the unified `PYTORCH_ALLOC_CONF`, PyTorch's own order).
+pub const ENV_VARS: [&str; 4] = [
+    "CUDAMEM_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+];
+
+/// Which allocator serves device memory (`backend` key).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The caching allocator (`backend:native`), the default.
+    #[default]
+    Native,
+    /// CUDA's stream-ordered allocator (`backend:cudaMallocAsync`); PyTorch
+    /// ignores the native-only options under it.
+    CudaMallocAsync,
+}
+
+impl Backend {
+    /// The name PyTorch uses in the config and in `get_allocator_backend()`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Native => "native",
+            Backend::CudaMallocAsync => "cudaMallocAsync",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The allocator configuration. Field defaults are PyTorch's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocatorConfig {
+    /// Largest block size that may be split, in bytes (`max_split_size_mb`).
+    /// `u64::MAX` means unlimited (the default).
+    pub max_split_size: u64,
+    /// How far above the request an unsplittable cached block may be and
+    /// still be used, in bytes (`max_non_split_rounding_mb`; default
+    /// 20 MiB, i.e. `large_segment_size`).
+    pub max_non_split_rounding: u64,
+    /// Divisions per power-of-two interval for `round_size`; bucket `i`
+    /// covers sizes in `[2^(20+i), 2^(21+i))`, bucket 0 also everything
+    /// below 1 MiB and bucket 15 everything from 32 GiB. 0 or 1 means plain
+    /// 512-byte rounding (the default).
+    pub roundup_power2_divisions: [u64; ROUNDUP_POWER2_INTERVALS],
+    /// Fraction of the allowed memory above which cached blocks are freed,
+    /// oldest first (`garbage_collection_threshold`). 0.0 (default) is off;
+    /// PyTorch only acts on it when a memory fraction limit is set.
+    pub garbage_collection_threshold: f64,
+    /// Grow segments by mapping pages instead of allocating new ones
+    /// (`expandable_segments`).
+    pub expandable_segments: bool,
+    /// Drop the allocator lock around `cudaMalloc`
+    /// (`release_lock_on_cudamalloc`, alias `release_lock_on_hipmalloc`).
+    pub release_lock_on_cudamalloc: bool,
+    /// Pinned host memory via `malloc` + `cudaHostRegister`
+    /// (`pinned_use_cuda_host_register`, alias `pinned_use_hip_host_register`).
+    pub pinned_use_cuda_host_register: bool,
+    /// Threads registering pinned pages; a power of two up to 128, default 1.
+    pub pinned_num_register_threads: u64,
+    /// Process pinned-memory events on a background thread
+    /// (`pinned_use_background_threads`).
+    pub pinned_use_background_threads: bool,
+    /// Size of the pinned reserve segment in MiB
+    /// (`pinned_reserve_segment_size_mb`); 0 (default) means none, a set
+    /// value must be greater than 0.
+    pub pinned_reserve_segment_size_mb: u64,
+    /// Let a graph capture reuse blocks freed on other streams
+    /// (`graph_capture_record_stream_reuse`).
+    pub graph_capture_record_stream_reuse: bool,
+    /// Segment size for requests between 1 and 10 MiB, in bytes
+    /// (`large_segment_size_mb`, must be greater than 10; default 20 MiB).
+    pub large_segment_size: u64,
+    /// Fraction of device memory the process may use, in [0, 1]
+    /// (`per_process_memory_fraction`, default 1.0 = no limit).
+    pub per_process_memory_fraction: f64,
+    /// The allocator backend (`backend`), fixed when the process starts.
+    pub backend: Backend,
+    /// cudamem only: the name of the allocation policy to run (`policy`),
+    /// e.g. `pytorch`, `pytorch-expandable` or `cudamem`. Only the name is
+    /// stored here; the engine validates it when it builds the allocator.
+    /// `None` (default) lets the engine choose.
+    pub policy: Option<String>,
+    /// The last settings string, exactly as given, whitespace included;
+    /// PyTorch reports it as `allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`.
+    pub settings: String,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            max_split_size: u64::MAX,
+            max_non_split_rounding: LARGE_BUFFER,
+            roundup_power2_divisions: [0; ROUNDUP_POWER2_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            expandable_segments: false,
+            release_lock_on_cudamalloc: false,
+            pinned_use_cuda_host_register: false,
+            pinned_num_register_threads: 1,
+            pinned_use_background_threads: false,
+            pinned_reserve_segment_size_mb: 0,
+            graph_capture_record_stream_reuse: false,
+            large_segment_size: LARGE_BUFFER,
+            per_process_memory_fraction: 1.0,
+            backend: Backend::Native,
+            policy: None,
+            settings: String::new(),
+        }
+    }
+}
+
+/// A rejected configuration string. The message always names the key (or,
+/// for syntax errors, the whole string) and the offending value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    key: String,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(key: &str, message: String) -> Self {
+        ConfigError {
+            key: key.to_string(),
+            message,
+        }
+    }
+
+    /// The key the error is about, as written (an alias stays an alias);
+    /// empty for syntax errors not tied to a key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The full message, the same text as `Display`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A value of PyTorch's `allocator_settings` dict (see
+/// [`AllocatorConfig::to_settings_map`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SettingValue {
+    /// A Python `str`.
+    Str(String),
+    /// A Python `int`.
+    Int(i64),
+    /// A Python `float`.
+    Float(f64),
+    /// A Python `bool`.
+    Bool(bool),
+    /// A Python `dict` of `str` to `int`, in insertion order.
+    Map(Vec<(String, i64)>),
+}
+
+impl FromStr for AllocatorConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AllocatorConfig::parse(s)
+    }
+}
+
+impl AllocatorConfig {
+    /// Parses a configuration string on top of the defaults, as PyTorch does
+    /// with its environment variable when the process starts (so `backend`
+    /// may be chosen here). An empty string gives the defaults.
+    pub fn parse(s: &str) -> Result<AllocatorConfig, ConfigError> {
+        let mut config = AllocatorConfig::default();
+        config.apply_inner(s, true)?;
+        Ok(config)
+    }
+
+    /// Reads the first of [`ENV_VARS`] that is set (`CUDAMEM_ALLOC_CONF`,
+    /// `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_HIP_ALLOC_CONF`,
+    /// `PYTORCH_ALLOC_CONF`) and parses it. As in PyTorch, a variable that is
+    /// set but empty still wins and gives the defaults; none set gives the
+    /// defaults.
+    pub fn from_env() -> Result<AllocatorConfig, ConfigError> {
+        for var in ENV_VARS {
+            if let Some(value) = std::env::var_os(var) {
+                let text = value.to_str().ok_or_else(|| {
+                    ConfigError::new(var, format!("{var}: value {value:?} is not valid UTF-8"))
+                })?;
+                return AllocatorConfig::parse(text);
+            }
+        }
+        Ok(AllocatorConfig::default())
+    }
+
+    /// [`from_env`](Self::from_env) with the environment given as a lookup
+    /// function, for callers (and tests) that must not touch the process
+    /// environment.
+    pub fn from_env_with(
+        mut lookup: impl FnMut(&str) -> Option<String>,
+    ) -> Result<AllocatorConfig, ConfigError> {
+        for var in ENV_VARS {
+            if let Some(value) = lookup(var) {
+                return AllocatorConfig::parse(&value);
+            }
+        }
+        Ok(AllocatorConfig::default())
+    }
+
+    /// Applies a settings string at runtime, as PyTorch's
+    /// `torch._C._accelerator_setAllocatorSettings` (formerly
+    /// `torch.cuda.memory._set_allocator_settings`) does:
+    ///
+    /// - `max_split_size`, `roundup_power2_divisions` and
+    ///   `garbage_collection_threshold` first go back to their defaults, and
+    ///   `max_non_split_rounding` to `large_segment_size` (PyTorch resets it
+    ///   too, since `large_segment_size_mb` became a key); every other field
+    ///   keeps its value unless the string sets it;
+    /// - `large_segment_size_mb` is applied before the other keys, wherever
+    ///   it appears, because it is the minimum of `max_split_size_mb` and
+    ///   `max_non_split_rounding_mb`;
+    /// - `settings` becomes `s`;
+    /// - `backend` cannot change at runtime: naming another backend than the
+    ///   current one is an error (PyTorch asserts the same).
+    ///
+    /// On error nothing changes.
+    pub fn apply(&mut self, s: &str) -> Result<(), ConfigError> {
+        let mut next = self.clone();
+        next.apply_inner(s, false)?;
+        *self = next;
+        Ok(())
+    }
+
+    fn apply_inner(&mut self, s: &str, at_startup: bool) -> Result<(), ConfigError> {
+        let entries = parse_entries(s)?;
+
+        self.max_split_size = u64::MAX;
+        self.roundup_power2_divisions = [0; ROUNDUP_POWER2_INTERVALS];
+        self.garbage_collection_threshold = 0.0;
+        self.settings = s.to_string();
+
+        // PyTorch's first pass: the large segment size bounds other keys.
+        for entry in entries.iter().filter(|e| e.key == "large_segment_size_mb") {
+            let mb = entry.scalar()?;
+            let val = parse_u64(&entry.key, mb)?;
+            if val <= MIN_LARGE_ALLOC / MIB {
+                return Err(entry.error(format!(
+                    "'{mb}' must be greater than {} MiB",
+                    MIN_LARGE_ALLOC / MIB
+                )));
+            }
+            self.large_segment_size = mib_to_bytes_clamped(val);
+        }
+        self.max_non_split_rounding = self.large_segment_size;
+
+        for entry in &entries {
+            self.apply_entry(entry, at_startup)?;
+        }
+        Ok(())
+    }
+
+    fn apply_entry(&mut self, entry: &Entry, at_startup: bool) -> Result<(), ConfigError> {
+        let key = entry.key.as_str();
+        match key {
+            "large_segment_size_mb" => {} // applied in the first pass
+            "max_split_size_mb" | "max_non_split_rounding_mb" => {
+                let mb = entry.scalar()?;
+                let val = parse_u64(key, mb)?;
+                let min_mb = self.large_segment_size / MIB;
+                if val < min_mb {
+                    return Err(entry.error(format!("'{mb}' is below the minimum of {min_mb} MiB")));
+                }
+                let bytes = mib_to_bytes_clamped(val);
+                if key == "max_split_size_mb" {
+                    self.max_split_size = bytes;
+                } else {
+                    self.max_non_split_rounding = bytes;
+                }
+            }
+            "garbage_collection_threshold" => {
+                let text = entry.scalar()?;
+                let val = parse_f64(key, text)?;
+                // Written so that NaN fails too.
+                if !(val > 0.0 && val < 1.0) {
+                    return Err(entry.error(format!(
+                        "'{text}' must be greater than 0.0 and less than 1.0"
+                    )));
+                }
+                self.garbage_collection_threshold = val;
+            }
+            "per_process_memory_fraction" => {
+                let text = entry.scalar()?;
+                let val = parse_f64(key, text)?;
+                if !(0.0..=1.0).contains(&val) {
+                    return Err(entry.error(format!("'{text}' must be between 0.0 and 1.0")));
+                }
+                self.per_process_memory_fraction = val;
+            }
+            "roundup_power2_divisions" => {
+                self.roundup_power2_divisions = parse_roundup(entry)?;
+            }
+            "expandable_segments" => self.expandable_segments = entry.boolean()?,
+            "pinned_use_background_threads" => {
+                self.pinned_use_background_threads = entry.boolean()?
+            }
+            "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                self.release_lock_on_cudamalloc = entry.boolean()?
+            }
+            "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
+                self.pinned_use_cuda_host_register = entry.boolean()?
+            }
+            "graph_capture_record_stream_reuse" => {
+                self.graph_capture_record_stream_reuse = entry.boolean()?
+            }
+            "pinned_num_register_threads" => {
+                let text = entry.scalar()?;
+                let val = parse_u64(key, text)?;
+                if !val.is_power_of_two() {
+                    return Err(entry.error(format!("'{text}' must be a power of two")));
+                }
+                if val > MAX_REGISTER_THREADS {
+                    return Err(entry.error(format!(
+                        "'{text}' exceeds the maximum of {MAX_REGISTER_THREADS}"
+                    )));
+                }
+                self.pinned_num_register_threads = val;
+            }
+            "pinned_reserve_segment_size_mb" => {
+                let text = entry.scalar()?;
+                let val = parse_u64(key, text)?;
+                if val == 0 {
+                    return Err(entry.error(format!("'{text}' must be greater than 0")));
+                }
+                self.pinned_reserve_segment_size_mb = val;
+            }
+            "backend" => {
+                let text = entry.scalar()?;
+                let backend = match text {
+                    "native" => Backend::Native,
+                    "cudaMallocAsync" => Backend::CudaMallocAsync,
+                    _ => {
+                        return Err(entry.error(format!(
+                            "unknown backend '{text}', expected native or cudaMallocAsync"
+                        )))
+                    }
+                };
+                if !at_startup && backend != self.backend {
+                    return Err(entry.error(format!(
+                        "'{text}' differs from the backend chosen at startup, '{}'; \
+                         the backend cannot change at runtime",
+                        self.backend
+                    )));
+                }
+                self.backend = backend;
+            }
+            "policy" => self.policy = Some(entry.scalar()?.to_string()),
+            _ => {
+                return Err(ConfigError::new(
+                    key,
+                    format!(
+                        "unrecognized key '{key}' in allocator config '{}'",
+                        entry.source
+                    ),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The bucket of `roundup_power2_divisions` that applies to `size`:
+    /// `floor(log2(size)) - 20`, clamped to 0..=15 (sizes below 2 MiB use
+    /// bucket 0, sizes from 32 GiB bucket 15).
+    pub fn roundup_power2_bucket(size: u64) -> usize {
+        let log_size = size.checked_ilog2().unwrap_or(0) as usize;
+        log_size
+            .saturating_sub(20)
+            .min(ROUNDUP_POWER2_INTERVALS - 1)
+    }
+
+    /// PyTorch's `roundup_power2_divisions(size)`: the divisions configured
+    /// for the bucket of `size` (0 when not configured).
+    pub fn roundup_power2_divisions_for(&self, size: u64) -> u64 {
+        self.roundup_power2_divisions[Self::roundup_power2_bucket(size)]
+    }
+
+    /// PyTorch's `round_size(size)`, the block size a request is served
+    /// with:
+    ///
+    /// - below 512 bytes: 512;
+    /// - if the bucket's divisions `d` exceed 1 and `size > 512 * d`: round
+    ///   up to the next of `d` equal steps between the surrounding powers of
+    ///   two (`roundup_power2_next_division`; a power of two is kept);
+    /// - otherwise round up to a multiple of 512.
+    ///
+    /// `512 * d` wraps as PyTorch's `size_t` product does (only for
+    /// `d >= 2^55`); a result above `u64::MAX` saturates to `u64::MAX`.
+    pub fn round_size(&self, size: u64) -> u64 {
+        if size < MIN_BLOCK_SIZE {
+            return MIN_BLOCK_SIZE;
+        }
+        let divisions = self.roundup_power2_divisions_for(size);
+        if divisions > 1 && size > MIN_BLOCK_SIZE.wrapping_mul(divisions) {
+            roundup_power2_next_division(size, divisions)
+        } else {
+            round_up_saturating(size, MIN_BLOCK_SIZE)
+        }
+    }
+
+    /// PyTorch's `allocator_settings` dict (from `torch.cuda.memory._snapshot()`),
+    /// in PyTorch's order: `PYTORCH_CUDA_ALLOC_CONF` (the last settings
+    /// string), `max_split_size` (-1 when unlimited: PyTorch casts `SIZE_MAX`
+    /// to `int64_t`), `garbage_collection_threshold`, `expandable_segments`,
+    /// `pinned_num_register_threads`, `release_lock_on_cudamalloc`,
+    /// `pinned_use_cuda_host_register`, `graph_capture_record_stream_reuse`
+    /// and `roundup_power2_divisions`, a map from each bucket's first size in
+    /// MiB ("1", "2", ..., "32768") to its divisions.
+    pub fn to_settings_map(&self) -> Vec<(String, SettingValue)> {
+        let roundup = self
+            .roundup_power2_divisions
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| ((1u64 << i).to_string(), d as i64))
+            .collect();
+        vec![
+            (
+                "PYTORCH_CUDA_ALLOC_CONF".into(),
+                SettingValue::Str(self.settings.clone()),
+            ),
+            // `as` wraps like C++'s static_cast<int64_t>: u64::MAX is -1.
+            (
+                "max_split_size".into(),
+                SettingValue::Int(self.max_split_size as i64),
+            ),
+            (
+                "garbage_collection_threshold".into(),
+                SettingValue::Float(self.garbage_collection_threshold),
+            ),
+            (
+                "expandable_segments".into(),
+                SettingValue::Bool(self.expandable_segments),
+            ),
+            (
+                "pinned_num_register_threads".into(),
+                SettingValue::Int(self.pinned_num_register_threads as i64),
+            ),
+            (
+                "release_lock_on_cudamalloc".into(),
+                SettingValue::Bool(self.release_lock_on_cudamalloc),
+            ),
+            (
+                "pinned_use_cuda_host_register".into(),
+                SettingValue::Bool(self.pinned_use_cuda_host_register),
+            ),
+            (
+                "graph_capture_record_stream_reuse".into(),
+                SettingValue::Bool(self.graph_capture_record_stream_reuse),
+            ),
+            (
+                "roundup_power2_divisions".into(),
+                SettingValue::Map(roundup),
+            ),
+        ]
+    }
+}
+
+/// PyTorch's `roundup_power2_next_division(size, divisions)`: a power of
+/// two is returned unchanged; otherwise the interval
+/// `[2^k, 2^(k+1))` holding `size` is cut into `divisions` equal steps and
+/// `size` rounds up to the next step (e.g. 1200 with 4 divisions: steps of
+/// 256 above 1024, so 1280). Saturates instead of wrapping.
+fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    // size >= 512 and divisions >= 2 here (see round_size).
+    let floor = 1u64 << size.ilog2();
+    let step = floor >> divisions.ilog2();
+    if step == 0 {
+        // PyTorch returns `floor << 1`, which wraps to 0 at 2^63.
+        return floor.saturating_mul(2);
+    }
+    let rounded_down = size & !(step - 1);
+    if rounded_down == size {
+        size
+    } else {
+        rounded_down.saturating_add(step)
+    }
+}
+
+/// `size` rounded up to a multiple of `unit` (a power of two), or
+/// `u64::MAX` when that multiple does not fit.
+fn round_up_saturating(size: u64, unit: u64) -> u64 {
+    match size.checked_add(unit - 1) {
+        Some(v) => v & !(unit - 1),
+        None => u64::MAX,
+    }
+}
+
+/// `mb` MiB in bytes, clamped as PyTorch clamps (`min(val, SIZE_MAX / kMB)`).
+fn mib_to_bytes_clamped(mb: u64) -> u64 {
+    mb.min(u64::MAX / MIB) * MIB
+}
+
+fn parse_u64(key: &str, text: &str) -> Result<u64, ConfigError> {
+    let digits_only = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    match text.parse::<u64>() {
+        Ok(v) if digits_only => Ok(v),
+        _ if digits_only => Err(ConfigError::new(
+            key,
+            format!("{key}: '{text}' is too large (the maximum is {})", u64::MAX),
+        )),
+        _ => Err(ConfigError::new(
+            key,
+            format!("{key}: expected a non-negative integer, got '{text}'"),
+        )),
+    }
+}
+
+fn parse_f64(key: &str, text: &str) -> Result<f64, ConfigError> {
+    text.parse::<f64>()
+        .map_err(|_| ConfigError::new(key, format!("{key}: expected a number, got '{text}'")))
+}
+
+/// `roundup_power2_divisions:N` or `roundup_power2_divisions:[a:n,b:m,>:k]`,
+/// with PyTorch's rules:
+/// - `N` must be a power of two and fills every bucket;
+/// - in a list, an interval start `a` (in MiB) must be a power of two and
+///   names bucket `log2(a)` (clamped to 15); a division must be a power of
+///   two or 0; the first entry's value also fills every bucket below its
+///   own; `>` fills every bucket after the last one named (after bucket 0
+///   when none is named yet); buckets never named keep 0.
+fn parse_roundup(entry: &Entry) -> Result<[u64; ROUNDUP_POWER2_INTERVALS], ConfigError> {
+    let key = entry.key.as_str();
+    let mut buckets = [0u64; ROUNDUP_POWER2_INTERVALS];
+    match &entry.value {
+        Value::Scalar(text) => {
+            let val = parse_u64(key, text)?;
+            if !val.is_power_of_two() {
+                return Err(entry.error(format!("'{text}' must be a power of two")));
+            }
+            buckets = [val; ROUNDUP_POWER2_INTERVALS];
+        }
+        Value::List(items) => {
+            let mut first_value = true;
+            let mut last_index = 0usize;
+            for item in items {
+                let (interval, divisions) = match item.as_slice() {
+                    [a, colon, b] if colon == ":" && b != ":" && a != ":" => (a, b),
+                    _ => {
+                        return Err(entry.error(format!(
+                            "expected 'interval:divisions' in the list, got '{}'",
+                            item.concat()
+                        )))
+                    }
+                };
+                let val = parse_u64(key, divisions)?;
+                if val != 0 && !val.is_power_of_two() {
+                    return Err(entry.error(format!(
+                        "divisions '{divisions}' for interval '{interval}' must be a power of two or 0"
+                    )));
+                }
+                if interval == ">" {
+                    for b in buckets.iter_mut().skip(last_index + 1) {
+                        *b = val;
+                    }
+                    continue;
+                }
+                let start = parse_u64(key, interval)?;
+                if !start.is_power_of_two() {
+                    return Err(entry.error(format!(
+                        "interval '{interval}' must be a power of two (a size in MiB) or '>'"
+                    )));
+                }
+                let index = (start.ilog2() as usize).min(ROUNDUP_POWER2_INTERVALS - 1);
+                if first_value {
+                    for b in &mut buckets[..index] {
+                        *b = val;
+                    }
+                    first_value = false;
+                }
+                buckets[index] = val;
+                last_index = index;
+            }
+        }
+    }
+    Ok(buckets)
+}
+
+/// A parsed value: one token, or a bracketed list of `a:b` pairs.
+#[derive(Debug)]
+enum Value {
+    Scalar(String),
+    /// Each item is the tokens between two commas, e.g. `["256", ":", "4"]`.
+    List(Vec<Vec<String>>),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Scalar(s) => f.write_str(s),
+            Value::List(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    f.write_str(&item.concat())?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+/// One `key:value` pair of a settings string.
+#[derive(Debug)]
+struct Entry<'s> {
+    key: String,
+    value: Value,
+    /// The whole settings string, for messages.
+    source: &'s str,
+}
+
+impl Entry<'_> {
+    fn error(&self, detail: String) -> ConfigError {
+        ConfigError::new(&self.key, format!("{}: {detail}", self.key))
+    }
+
+    fn scalar(&self) -> Result<&str, ConfigError> {
+        match &self.value {
+            Value::Scalar(s) => Ok(s),
+            list => Err(self.error(format!("expected a single value, got the list '{list}'"))),
+        }
+    }
+
+    fn boolean(&self) -> Result<bool, ConfigError> {
+        match self.scalar()? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            other => Err(self.error(format!("expected True or False, got '{other}'"))),
+        }
+    }
+}
+
+/// PyTorch's `ConfigTokenizer`: `,` `:` `[` `]` are tokens of their own,
+/// whitespace (C's `isspace`) is dropped everywhere, the rest accumulates.
+fn tokenize(s: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let mut buf = String::new();
+    for ch in s.chars() {
+        match ch {
+            ',' | ':' | '[' | ']' => {
+                if !buf.is_empty() {
+                    tokens.push(std::mem::take(&mut buf));
+                }
+                tokens.push(ch.to_string());
+            }
+            ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r' => {}
+            _ => buf.push(ch),
+        }
+    }
+    if !buf.is_empty() {
+        tokens.push(buf);
+    }
+    tokens
+}
+
+fn is_separator(tok: &str) -> bool {
+    matches!(tok, "," | ":" | "[" | "]")
+}
+
+/// Checks the syntax of the whole string and splits it into entries, so
+/// that no key is applied from a string that is malformed further on.
+fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
+    let toks = tokenize(s);
+    let at = |i: usize| toks.get(i).map(String::as_str);
+    let found = |i: usize| match toks.get(i) {
+        Some(t) => format!("'{t}'"),
+        None => "the end".to_string(),
+    };
+    let mut entries = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let key = toks[i].as_str();
+        if is_separator(key) {
+            let message = if matches!(key, "," | ":") {
+                format!("empty key before '{key}' in allocator config '{s}'")
+            } else {
+                format!("expected a key, got '{key}' in allocator config '{s}'")
+            };
+            return Err(ConfigError::new("", message));
+        }
+        let err = |detail: String| {
+            ConfigError::new(key, format!("{key}: {detail} in allocator config '{s}'"))
+        };
+        if at(i + 1) != Some(":") {
+            return Err(err(format!(
+                "expected ':' after the key, got {}",
+                found(i + 1)
+            )));
+        }
+        let value = match at(i + 2) {
+            None => return Err(err("missing value".into())),
+            Some("[") => {
+                // Items are the token runs between commas; PyTorch accepts a
+                // trailing comma before ']'.
+                let mut items: Vec<Vec<String>> = Vec::new();
+                let mut item: Vec<String> = Vec::new();
+                let mut j = i + 3;
+                loop {
+                    match at(j) {
+                        None => return Err(err("missing ']' at the end of the list".into())),
+                        Some("]") => {
+                            if !item.is_empty() {
+                                items.push(std::mem::take(&mut item));
+                            }
+                            break;
+                        }
+                        Some(",") => {
+                            if item.is_empty() {
+                                return Err(err(format!(
+                                    "empty item in the list, at {}",
+                                    found(j)
+                                )));
+                            }
+                            items.push(std::mem::take(&mut item));
+                        }
+                        Some("[") => return Err(err("'[' inside a list".into())),
+                        Some(t) => item.push(t.to_string()),
+                    }
+                    j += 1;
+                }
+                i = j; // at the closing ']'
+                Value::List(items)
+            }
+            Some(v) if is_separator(v) => {
+                return Err(err(format!("missing value before '{v}'")));
+            }
+            Some(v) => {
+                i += 2;
+                Value::Scalar(v.to_string())
+            }
+        };
+        entries.push(Entry {
+            key: key.to_string(),
+            value,
+            source: s,
+        });
+        // `i` is at the value's last token; a ',' must follow unless done.
+        match at(i + 1) {
+            None => i += 1,
+            Some(",") => i += 2,
+            Some(_) => {
+                let value_text = entries
+                    .last()
+                    .map(|e| e.value.to_string())
+                    .unwrap_or_default();
+                return Err(err(format!(
+                    "expected ',' after the value '{value_text}', got {}",
+                    found(i + 1)
+                )));
+            }
+        }
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> AllocatorConfig {
+        AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s:?} rejected: {e}"))
+    }
+
+    fn error(s: &str) -> String {
+        match AllocatorConfig::parse(s) {
+            Ok(c) => panic!("{s:?} accepted: {c:?}"),
+            Err(e) => {
+                assert_eq!(e.to_string(), e.message());
+                e.to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_are_pytorchs() {
+        let c = AllocatorConfig::default();
+        assert_eq!(c.max_split_size, u64::MAX);
+        assert_eq!(c.max_non_split_rounding, 20 * MIB);
+        assert_eq!(c.roundup_power2_divisions, [0; 16]);
+        assert_eq!(c.garbage_collection_threshold, 0.0);
+        assert!(!c.expandable_segments);
+        assert!(!c.release_lock_on_cudamalloc);
+        assert!(!c.pinned_use_cuda_host_register);
+        assert_eq!(c.pinned_num_register_threads, 1);
+        assert!(!c.pinned_use_background_threads);
+        assert_eq!(c.pinned_reserve_segment_size_mb, 0);
+        assert!(!c.graph_capture_record_stream_reuse);
+        assert_eq!(c.large_segment_size, 20 * MIB);
+        assert_eq!(c.per_process_memory_fraction, 1.0);
+        assert_eq!(c.backend, Backend::Native);
+        assert_eq!(c.policy, None);
+        assert_eq!(c.settings, "");
+    }
+
+    #[test]
+    fn empty_and_blank_strings_give_defaults() {
+        assert_eq!(parse(""), AllocatorConfig::default());
+        let blank = parse(" \t\n ");
+        assert_eq!(blank.settings, " \t\n ");
+        assert_eq!(
+            AllocatorConfig {
+                settings: String::new(),
+                ..blank
+            },
+            AllocatorConfig::default()
+        );
+        assert_eq!(
+            "".parse::<AllocatorConfig>().unwrap(),
+            AllocatorConfig::default()
+        );
+    }
+
+    #[test]
+    fn settings_string_is_kept_verbatim() {
+        let s = " expandable_segments : True , max_split_size_mb:64 ";
+        let c = parse(s);
+        assert_eq!(c.settings, s);
+        assert!(c.expandable_segments);
+        assert_eq!(c.max_split_size, 64 * MIB);
+    }
+
+    #[test]
+    fn max_split_size_mb() {
+        assert_eq!(parse("max_split_size_mb:128").max_split_size, 128 * MIB);
+        assert_eq!(parse("max_split_size_mb:20").max_split_size, 20 * MIB);
+        assert_eq!(
+            error("max_split_size_mb:19"),
+            "max_split_size_mb: '19' is below the minimum of 20 MiB"
+        );
+        assert_eq!(
+            error("max_split_size_mb:10"),
+            "max_split_size_mb: '10' is below the minimum of 20 MiB"
+        );
+        // PyTorch clamps the MiB count to SIZE_MAX / 1 MiB.
+        assert_eq!(
+            parse("max_split_size_mb:99999999999999999").max_split_size,
+            (u64::MAX / MIB) * MIB
+        );
+        for bad in ["abc", "-1", "20abc", "2.5", "0x20", "+20"] {
+            assert_eq!(
+                error(&format!("max_split_size_mb:{bad}")),
+                format!("max_split_size_mb: expected a non-negative integer, got '{bad}'")
+            );
+        }
+        assert!(error("max_split_size_mb:99999999999999999999999")
+            .contains("'99999999999999999999999' is too large"));
+    }
+
+    #[test]
+    fn max_non_split_rounding_mb() {
+        assert_eq!(
+            parse("max_non_split_rounding_mb:64").max_non_split_rounding,
+            64 * MIB
+        );
+        assert_eq!(
+            parse("max_non_split_rounding_mb:20").max_non_split_rounding,
+            20 * MIB
+        );
+        assert_eq!(
+            error("max_non_split_rounding_mb:19"),
+            "max_non_split_rounding_mb: '19' is below the minimum of 20 MiB"
+        );
+    }
+
+    #[test]
+    fn large_segment_size_mb_bounds_the_split_sizes_wherever_it_appears() {
+        let c = parse("large_segment_size_mb:40");
+        assert_eq!(c.large_segment_size, 40 * MIB);
+        assert_eq!(c.max_non_split_rounding, 40 * MIB);
+        assert_eq!(
+            parse("large_segment_size_mb:11").large_segment_size,
+            11 * MIB
+        );
+        assert_eq!(
+            error("large_segment_size_mb:10"),
+            "large_segment_size_mb: '10' must be greater than 10 MiB"
+        );
+        assert_eq!(
+            error("max_split_size_mb:30,large_segment_size_mb:40"),
+            "max_split_size_mb: '30' is below the minimum of 40 MiB"
+        );
+        assert_eq!(
+            error("large_segment_size_mb:40,max_non_split_rounding_mb:30"),
+            "max_non_split_rounding_mb: '30' is below the minimum of 40 MiB"
+        );
+        let c = parse("max_split_size_mb:12,large_segment_size_mb:12,max_non_split_rounding_mb:16");
+        assert_eq!(
+            (c.max_split_size, c.max_non_split_rounding),
+            (12 * MIB, 16 * MIB)
+        );
+    }
+
+    #[test]
+    fn garbage_collection_threshold() {
+        assert_eq!(
+            parse("garbage_collection_threshold:0.6").garbage_collection_threshold,
+            0.6
+        );
+        assert_eq!(
+            parse("garbage_collection_threshold:.5").garbage_collection_threshold,
+            0.5
+        );
+        for bad in ["0", "0.0", "1", "1.0", "1.5", "-0.5", "nan", "inf"] {
+            assert_eq!(
+                error(&format!("garbage_collection_threshold:{bad}")),
+                format!("garbage_collection_threshold: '{bad}' must be greater than 0.0 and less than 1.0")
+            );
+        }
+        assert_eq!(
+            error("garbage_collection_threshold:half"),
+            "garbage_collection_threshold: expected a number, got 'half'"
+        );
+    }
+
+    #[test]
+    fn per_process_memory_fraction() {
+        assert_eq!(
+            parse("per_process_memory_fraction:0").per_process_memory_fraction,
+            0.0
+        );
+        assert_eq!(
+            parse("per_process_memory_fraction:1").per_process_memory_fraction,
+            1.0
+        );
+        assert_eq!(
+            parse("per_process_memory_fraction:0.25").per_process_memory_fraction,
+            0.25
+        );
+        for bad in ["1.5", "-0.1", "NaN"] {
+            assert_eq!(
+                error(&format!("per_process_memory_fraction:{bad}")),
+                format!("per_process_memory_fraction: '{bad}' must be between 0.0 and 1.0")
+            );
+        }
+    }
+
+    #[test]
+    fn roundup_power2_divisions_single_value() {
+        assert_eq!(
+            parse("roundup_power2_divisions:4").roundup_power2_divisions,
+            [4; 16]
+        );
+        assert_eq!(
+            parse("roundup_power2_divisions:1").roundup_power2_divisions,
+            [1; 16]
+        );
+        // A single value must be a power of two: 0 is refused here (but not
+        // in the list form), as in PyTorch.
+        assert_eq!(
+            error("roundup_power2_divisions:0"),
+            "roundup_power2_divisions: '0' must be a power of two"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:3"),
+            "roundup_power2_divisions: '3' must be a power of two"
+        );
+    }
+
+    #[test]
+    fn roundup_power2_divisions_list() {
+        // Bucket 0 (1 MiB) gets 8, bucket 8 (256 MiB) 4, '>' fills 9..=15;
+        // buckets 1..=7 are never named and keep 0.
+        assert_eq!(
+            parse("roundup_power2_divisions:[1:8,256:4,>:1]").roundup_power2_divisions,
+            [8, 0, 0, 0, 0, 0, 0, 0, 4, 1, 1, 1, 1, 1, 1, 1]
+        );
+        // PyTorch's documented example: the first value fills lower buckets.
+        assert_eq!(
+            parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").roundup_power2_divisions,
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8]
+        );
+        assert_eq!(
+            parse("roundup_power2_divisions: [ 64 : 8 , 128 : 2 ]").roundup_power2_divisions,
+            [8, 8, 8, 8, 8, 8, 8, 2, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        // Intervals past 32 GiB clamp to the last bucket.
+        assert_eq!(
+            parse("roundup_power2_divisions:[65536:2]").roundup_power2_divisions,
+            [2; 16]
+        );
+        // '>' alone starts after bucket 0.
+        let mut expected = [2; 16];
+        expected[0] = 0;
+        assert_eq!(
+            parse("roundup_power2_divisions:[>:2]").roundup_power2_divisions,
+            expected
+        );
+        // 0 disables a bucket; an empty list and a trailing comma are fine.
+        assert_eq!(
+            parse("roundup_power2_divisions:[1:0]").roundup_power2_divisions,
+            [0; 16]
+        );
+        assert_eq!(
+            parse("roundup_power2_divisions:[]").roundup_power2_divisions,
+            [0; 16]
+        );
+        assert_eq!(
+            parse("roundup_power2_divisions:[1:4,]").roundup_power2_divisions[0],
+            4
+        );
+        // Later entries override earlier ones.
+        assert_eq!(
+            parse("roundup_power2_divisions:[1:4,1:2]").roundup_power2_divisions[0],
+            2
+        );
+    }
+
+    #[test]
+    fn roundup_power2_divisions_list_errors() {
+        assert_eq!(
+            error("roundup_power2_divisions:[3:2]"),
+            "roundup_power2_divisions: interval '3' must be a power of two (a size in MiB) or '>'"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[0:2]"),
+            "roundup_power2_divisions: interval '0' must be a power of two (a size in MiB) or '>'"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[256:3]"),
+            "roundup_power2_divisions: divisions '3' for interval '256' must be a power of two or 0"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[a:2]"),
+            "roundup_power2_divisions: expected a non-negative integer, got 'a'"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[1:2:3]"),
+            "roundup_power2_divisions: expected 'interval:divisions' in the list, got '1:2:3'"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[1]"),
+            "roundup_power2_divisions: expected 'interval:divisions' in the list, got '1'"
+        );
+        assert_eq!(
+            error("roundup_power2_divisions:[1:8"),
+            "roundup_power2_divisions: missing ']' at the end of the list in allocator config \
+             'roundup_power2_divisions:[1:8'"
+        );
+        assert!(error("roundup_power2_divisions:[1:8,,2:4]").contains("empty item in the list"));
+        assert!(error("roundup_power2_divisions:[1:[2]]").contains("'[' inside a list"));
+    }
+
+    #[test]
+    fn boolean_keys_take_exactly_true_or_false() {
+        type Get = fn(&AllocatorConfig) -> bool;
+        let keys: [(&str, Get); 7] = [
+            ("expandable_segments", |c| c.expandable_segments),
+            ("release_lock_on_cudamalloc", |c| {
+                c.release_lock_on_cudamalloc
+            }),
+            ("release_lock_on_hipmalloc", |c| {
+                c.release_lock_on_cudamalloc
+            }),
+            ("pinned_use_cuda_host_register", |c| {
+                c.pinned_use_cuda_host_register
+            }),
+            ("pinned_use_hip_host_register", |c| {
+                c.pinned_use_cuda_host_register
+            }),
+            ("pinned_use_background_threads", |c| {
+                c.pinned_use_background_threads
+            }),
+            ("graph_capture_record_stream_reuse", |c| {
+                c.graph_capture_record_stream_reuse
+            }),
+        ];
+        for (key, get) in keys {
+            assert!(get(&parse(&format!("{key}:True"))), "{key}");
+            assert!(!get(&parse(&format!("{key}:False"))), "{key}");
+            assert!(
+                !get(&parse(&format!("{key}:True,{key}:False"))),
+                "{key}: last wins"
+            );
+            for bad in ["true", "false", "1", "0", "TRUE", "yes"] {
+                let e = AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err();
+                assert_eq!(
+                    e.to_string(),
+                    format!("{key}: expected True or False, got '{bad}'")
+                );
+                assert_eq!(e.key(), key);
+            }
+        }
+    }
+
+    #[test]
+    fn pinned_num_register_threads() {
+        assert_eq!(
+            parse("pinned_num_register_threads:8").pinned_num_register_threads,
+            8
+        );
+        assert_eq!(
+            parse("pinned_num_register_threads:1").pinned_num_register_threads,
+            1
+        );
+        assert_eq!(
+            parse("pinned_num_register_threads:128").pinned_num_register_threads,
+            128
+        );
+        assert_eq!(
+            error("pinned_num_register_threads:256"),
+            "pinned_num_register_threads: '256' exceeds the maximum of 128"
+        );
+        assert_eq!(
+            error("pinned_num_register_threads:3"),
+            "pinned_num_register_threads: '3' must be a power of two"
+        );
+        assert_eq!(
+            error("pinned_num_register_threads:0"),
+            "pinned_num_register_threads: '0' must be a power of two"
+        );
+    }
+
+    #[test]
+    fn pinned_reserve_segment_size_mb() {
+        assert_eq!(
+            parse("pinned_reserve_segment_size_mb:64").pinned_reserve_segment_size_mb,
+            64
+        );
+        assert_eq!(
+            error("pinned_reserve_segment_size_mb:0"),
+            "pinned_reserve_segment_size_mb: '0' must be greater than 0"
+        );
+    }
+
+    #[test]
+    fn backend_and_policy() {
+        assert_eq!(parse("backend:native").backend, Backend::Native);
+        assert_eq!(
+            parse("backend:cudaMallocAsync").backend,
+            Backend::CudaMallocAsync
+        );
+        assert_eq!(Backend::CudaMallocAsync.to_string(), "cudaMallocAsync");
+        assert_eq!(
+            error("backend:hipMallocAsync"),
+            "backend: unknown backend 'hipMallocAsync', expected native or cudaMallocAsync"
+        );
+        assert_eq!(parse("policy:cudamem").policy.as_deref(), Some("cudamem"));
+        assert_eq!(
+            parse("policy: pytorch-expandable ").policy.as_deref(),
+            Some("pytorch-expandable")
+        );
+        assert_eq!(
+            error("policy:[a:b]"),
+            "policy: expected a single value, got the list '[a:b]'"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_name_the_key_and_the_text() {
+        let e = AllocatorConfig::parse("foo:1").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unrecognized key 'foo' in allocator config 'foo:1'"
+        );
+        assert_eq!(e.key(), "foo");
+        // Keys are case-sensitive, and newer PyTorch keys cudamem lacks are refused.
+        assert!(
+            error("Expandable_Segments:True").starts_with("unrecognized key 'Expandable_Segments'")
+        );
+        assert!(error("throw_on_cudamalloc_oom:True").starts_with("unrecognized key"));
+        assert_eq!(
+            error(",expandable_segments:True"),
+            "empty key before ',' in allocator config ',expandable_segments:True'"
+        );
+        assert_eq!(
+            error("expandable_segments:True,,policy:x"),
+            "empty key before ',' in allocator config 'expandable_segments:True,,policy:x'"
+        );
+        assert_eq!(
+            error(":True"),
+            "empty key before ':' in allocator config ':True'"
+        );
+        assert_eq!(
+            error("[1:2]"),
+            "expected a key, got '[' in allocator config '[1:2]'"
+        );
+        assert_eq!(
+            error("expandable_segments"),
+            "expandable_segments: expected ':' after the key, got the end in allocator config \
+             'expandable_segments'"
+        );
+        assert_eq!(
+            error("expandable_segments,True"),
+            "expandable_segments: expected ':' after the key, got ',' in allocator config \
+             'expandable_segments,True'"
+        );
+        assert_eq!(
+            error("expandable_segments:"),
+            "expandable_segments: missing value in allocator config 'expandable_segments:'"
+        );
+        assert_eq!(
+            error("expandable_segments:,policy:x"),
+            "expandable_segments: missing value before ',' in allocator config \
+             'expandable_segments:,policy:x'"
+        );
+        // Whitespace is dropped, so a missing comma glues tokens together.
+        assert_eq!(
+            error("expandable_segments:True max_split_size_mb:30"),
+            "expandable_segments: expected ',' after the value 'Truemax_split_size_mb', got ':' \
+             in allocator config 'expandable_segments:True max_split_size_mb:30'"
+        );
+        assert_eq!(
+            error("expandable_segments:[True]"),
+            "expandable_segments: expected a single value, got the list '[True]'"
+        );
+        // A later syntax error stops earlier keys from being applied too.
+        assert!(error("expandable_segments:True,bogus").contains("bogus"));
+    }
+
+    #[test]
+    fn trailing_comma_and_repeated_keys() {
+        let c = parse("max_split_size_mb:64,max_split_size_mb:32,");
+        assert_eq!(c.max_split_size, 32 * MIB);
+        assert_eq!(parse("policy:a,policy:b").policy.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn apply_resets_three_fields_and_keeps_the_rest() {
+        let mut c = parse(
+            "max_split_size_mb:64,garbage_collection_threshold:0.6,roundup_power2_divisions:4,\
+             max_non_split_rounding_mb:40,expandable_segments:True,policy:cudamem,\
+             pinned_num_register_threads:2,large_segment_size_mb:32",
+        );
+        c.apply("pinned_num_register_threads:4").unwrap();
+        assert_eq!(c.max_split_size, u64::MAX);
+        assert_eq!(c.garbage_collection_threshold, 0.0);
+        assert_eq!(c.roundup_power2_divisions, [0; 16]);
+        // max_non_split_rounding goes back to the large segment size, which stays.
+        assert_eq!(c.large_segment_size, 32 * MIB);
+        assert_eq!(c.max_non_split_rounding, 32 * MIB);
+        assert!(c.expandable_segments);
+        assert_eq!(c.policy.as_deref(), Some("cudamem"));
+        assert_eq!(c.pinned_num_register_threads, 4);
+        assert_eq!(c.settings, "pinned_num_register_threads:4");
+
+        c.apply("").unwrap();
+        assert_eq!(c.settings, "");
+        assert!(c.expandable_segments);
+        c.apply("expandable_segments:False").unwrap();
+        assert!(!c.expandable_segments);
+    }
+
+    #[test]
+    fn apply_is_atomic_on_error() {
+        let mut c = parse("max_split_size_mb:64,expandable_segments:True");
+        let before = c.clone();
+        // The first key is valid, the second not: nothing may change.
+        let e = c
+            .apply("expandable_segments:False,max_split_size_mb:1")
+            .unwrap_err();
+        assert_eq!(e.key(), "max_split_size_mb");
+        assert_eq!(c, before);
+        assert!(c.apply("expandable_segments:False,nope:1").is_err());
+        assert_eq!(c, before);
+        assert!(c.apply("expandable_segments:False,").is_ok());
+        assert!(!c.expandable_segments);
+    }
+
+    #[test]
+    fn backend_cannot_change_at_runtime() {
+        let mut c = AllocatorConfig::default();
+        assert_eq!(
+            c.apply("backend:cudaMallocAsync").unwrap_err().to_string(),
+            "backend: 'cudaMallocAsync' differs from the backend chosen at startup, 'native'; \
+             the backend cannot change at runtime"
+        );
+        c.apply("backend:native").unwrap();
+        let mut c = parse("backend:cudaMallocAsync");
+        c.apply("backend:cudaMallocAsync,expandable_segments:True")
+            .unwrap();
+        assert!(c.apply("backend:native").is_err());
+        assert_eq!(c.backend, Backend::CudaMallocAsync);
+    }
+
+    #[test]
+    fn from_env_priority() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |var: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            AllocatorConfig::from_env_with(env(&[])).unwrap(),
+            AllocatorConfig::default()
+        );
+        let c =
+            AllocatorConfig::from_env_with(env(&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")]))
+                .unwrap();
+        assert_eq!(c.max_split_size, 64 * MIB);
+        assert_eq!(c.settings, "max_split_size_mb:64");
+        let c = AllocatorConfig::from_env_with(env(&[
+            ("PYTORCH_ALLOC_CONF", "max_split_size_mb:64"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:32"),
+        ]))
+        .unwrap();
+        assert_eq!(c.max_split_size, 32 * MIB);
+        let c = AllocatorConfig::from_env_with(env(&[
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:32"),
+            ("CUDAMEM_ALLOC_CONF", "policy:cudamem"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.max_split_size, c.policy.as_deref()),
+            (u64::MAX, Some("cudamem"))
+        );
+        // Set but empty still wins, giving the defaults.
+        let c = AllocatorConfig::from_env_with(env(&[
+            ("PYTORCH_CUDA_ALLOC_CONF", ""),
+            ("PYTORCH_ALLOC_CONF", "expandable_segments:True"),
+        ]))
+        .unwrap();
+        assert_eq!(c, AllocatorConfig::default());
+        // At startup the backend may be chosen; errors come through.
+        let c = AllocatorConfig::from_env_with(env(&[(
+            "PYTORCH_HIP_ALLOC_CONF",
+            "backend:cudaMallocAsync",
+        )]))
+        .unwrap();
+        assert_eq!(c.backend, Backend::CudaMallocAsync);
+        assert!(AllocatorConfig::from_env_with(env(&[("CUDAMEM_ALLOC_CONF", "x:1")])).is_err());
+    }
+
+    #[test]
+    fn roundup_bucket_layout() {
+        let b = AllocatorConfig::roundup_power2_bucket;
+        assert_eq!(b(0), 0);
+        assert_eq!(b(1), 0);
+        assert_eq!(b(MIB), 0);
+        assert_eq!(b(2 * MIB - 1), 0);
+        assert_eq!(b(2 * MIB), 1);
+        assert_eq!(b(256 * MIB), 8);
+        assert_eq!(b(16 << 30), 14);
+        assert_eq!(b(32 << 30), 15);
+        assert_eq!(b(64 << 30), 15);
+        assert_eq!(b(u64::MAX), 15);
+        let mut c = AllocatorConfig::default();
+        for (i, d) in c.roundup_power2_divisions.iter_mut().enumerate() {
+            *d = i as u64 + 100;
+        }
+        assert_eq!(c.roundup_power2_divisions_for(3 * MIB), 101);
+        assert_eq!(c.roundup_power2_divisions_for(100), 100);
+    }
+
+    #[test]
+    fn round_size_default_is_512_multiples() {
+        let c = AllocatorConfig::default();
+        assert_eq!(c.round_size(0), 512);
+        assert_eq!(c.round_size(1), 512);
+        assert_eq!(c.round_size(511), 512);
+        assert_eq!(c.round_size(512), 512);
+        assert_eq!(c.round_size(513), 1024);
+        assert_eq!(c.round_size(1200), 1536);
+        assert_eq!(c.round_size(MIB + 1), MIB + 512);
+        assert_eq!(c.round_size(5 * MIB + 1), 5 * MIB + 512);
+    }
+
+    #[test]
+    fn roundup_power2_next_division_examples() {
+        // The reference's example: 1200 with 4 divisions is 1280.
+        assert_eq!(roundup_power2_next_division(1200, 4), 1280);
+        assert_eq!(roundup_power2_next_division(1024, 4), 1024);
+        assert_eq!(roundup_power2_next_division(1280, 4), 1280);
+        assert_eq!(roundup_power2_next_division(1281, 4), 1536);
+        assert_eq!(roundup_power2_next_division(1800, 2), 2048);
+        assert_eq!(roundup_power2_next_division(5 * MIB + 1, 4), 6 * MIB);
+        // A step of 0 (more divisions than bytes in the interval) doubles the floor.
+        assert_eq!(roundup_power2_next_division(1000, 1 << 20), 1024);
+    }
+
+    #[test]
+    fn round_size_with_divisions() {
+        let c = parse("roundup_power2_divisions:4");
+        // Only sizes above 512 * divisions use the divisions: 1200 <= 2048.
+        assert_eq!(c.round_size(1200), 1536);
+        assert_eq!(c.round_size(2049), 2560);
+        assert_eq!(c.round_size(5 * MIB + 1), 6 * MIB);
+        assert_eq!(c.round_size(4 * MIB), 4 * MIB);
+        assert_eq!(c.round_size(300 * MIB), 320 * MIB);
+
+        let c = parse("roundup_power2_divisions:[1:8,256:4,>:1]");
+        assert_eq!(c.round_size(MIB + MIB / 2 + 1), MIB + MIB / 2 + MIB / 8);
+        // Bucket 1 was never named: plain 512 rounding.
+        assert_eq!(c.round_size(2 * MIB + 1), 2 * MIB + 512);
+        assert_eq!(c.round_size(300 * MIB), 320 * MIB);
+        // Buckets filled with 1 by '>': plain rounding.
+        assert_eq!(c.round_size(600 * MIB + 1), 600 * MIB + 512);
+    }
+
+    #[test]
+    fn round_size_never_overflows() {
+        let plain = AllocatorConfig::default();
+        assert_eq!(plain.round_size(u64::MAX), u64::MAX);
+        assert_eq!(plain.round_size(u64::MAX - 511), u64::MAX - 511);
+        assert_eq!(plain.round_size(u64::MAX - 512), u64::MAX - 511);
+        assert_eq!(plain.round_size(u64::MAX - 510), u64::MAX);
+
+        let four = parse("roundup_power2_divisions:4");
+        assert_eq!(four.round_size(u64::MAX), u64::MAX);
+        assert_eq!(four.round_size(1 << 63), 1 << 63);
+        assert_eq!(four.round_size((1 << 63) + 1), (1 << 63) + (1 << 61));
+
+        // Absurd divisions set through the public field: no panic, and the
+        // result is never below the request.
+        for d in [3, 1 << 54, 1 << 55, 1 << 60, 1 << 63, u64::MAX] {
+            let c = AllocatorConfig {
+                roundup_power2_divisions: [d; 16],
+                ..AllocatorConfig::default()
+            };
+            for size in [
+                0,
+                1,
+                512,
+                1000,
+                4097,
+                1 << 40,
+                (1 << 62) + 1,
+                (1 << 63) + 1,
+                u64::MAX - 1,
+                u64::MAX,
+            ] {
+                let r = c.round_size(size);
+                assert!(r >= size, "divisions {d}, size {size}: {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn round_size_is_monotone_and_covers_the_request() {
+        let configs = [
+            AllocatorConfig::default(),
+            parse("roundup_power2_divisions:2"),
+            parse("roundup_power2_divisions:16"),
+            parse("roundup_power2_divisions:[1:8,256:4,>:1]"),
+        ];
+        for c in &configs {
+            let mut prev = 0;
+            let mut size = 1u64;
+            while size < (1 << 40) {
+                let r = c.round_size(size);
+                assert!(r >= size && r % 512 == 0, "{size} -> {r}");
+                assert!(r >= prev, "not monotone at {size}");
+                prev = r;
+                size += 1 + size / 7;
+            }
+        }
+    }
+
+    #[test]
+    fn settings_map_matches_pytorchs_keys_and_order() {
+        let map = AllocatorConfig::default().to_settings_map();
+        let keys: Vec<&str> = map.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "PYTORCH_CUDA_ALLOC_CONF",
+                "max_split_size",
+                "garbage_collection_threshold",
+                "expandable_segments",
+                "pinned_num_register_threads",
+                "release_lock_on_cudamalloc",
+                "pinned_use_cuda_host_register",
+                "graph_capture_record_stream_reuse",
+                "roundup_power2_divisions",
+            ]
+        );
+        assert_eq!(map[0].1, SettingValue::Str(String::new()));
+        assert_eq!(map[1].1, SettingValue::Int(-1));
+        assert_eq!(map[2].1, SettingValue::Float(0.0));
+        assert_eq!(map[4].1, SettingValue::Int(1));
+
+        let s = "max_split_size_mb:64,roundup_power2_divisions:[1:8,256:4,>:1],expandable_segments:True";
+        let map = parse(s).to_settings_map();
+        assert_eq!(map[0].1, SettingValue::Str(s.into()));
+        assert_eq!(map[1].1, SettingValue::Int(64 << 20));
+        assert_eq!(map[3].1, SettingValue::Bool(true));
+        let SettingValue::Map(roundup) = &map[8].1 else {
+            panic!("not a map")
+        };
+        assert_eq!(roundup.len(), 16);
+        assert_eq!(roundup[0], ("1".to_string(), 8));
+        assert_eq!(roundup[8], ("256".to_string(), 4));
+        assert_eq!(roundup[15], ("32768".to_string(), 1));
+    }
+
+    /// A few thousand random and odd strings: parsing and applying must
+    /// return, never panic, and a failed apply changes nothing.
+    #[test]
+    fn odd_inputs_never_panic() {
+        const PIECES: &[&str] = &[
+            "max_split_size_mb",
+            "max_non_split_rounding_mb",
+            "garbage_collection_threshold",
+            "roundup_power2_divisions",
+            "expandable_segments",
+            "release_lock_on_cudamalloc",
+            "pinned_use_cuda_host_register",
+            "pinned_num_register_threads",
+            "backend",
+            "policy",
+            "pinned_use_background_threads",
+            "pinned_reserve_segment_size_mb",
+            "large_segment_size_mb",
+            "graph_capture_record_stream_reuse",
+            "per_process_memory_fraction",
+            "release_lock_on_hipmalloc",
+            ":",
+            ",",
+            "[",
+            "]",
+            ">",
+            " ",
+            "\t",
+            "True",
+            "False",
+            "0",
+            "1",
+            "2",
+            "3",
+            "20",
+            "64",
+            "256",
+            "0.5",
+            "-1",
+            "1e308",
+            "nan",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999",
+            "cudaMallocAsync",
+            "native",
+            "é",
+            "\u{0}",
+            "\u{1F600}",
+            "\u{a0}",
+        ];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut base = parse("expandable_segments:True,max_split_size_mb:64");
+        let mut accepted = 0;
+        for _ in 0..3000 {
+            let mut s = String::new();
+            for _ in 0..(next() % 12) {
+                if next() % 5 == 0 {
+                    s.push(char::from_u32((next() % 0x300) as u32).unwrap_or('?'));
+                } else {
+                    s.push_str(PIECES[(next() % PIECES.len() as u64) as usize]);
+                }
+            }
+            match AllocatorConfig::parse(&s) {
+                Ok(_) => accepted += 1,
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+            let before = base.clone();
+            if base.apply(&s).is_err() {
+                assert_eq!(base, before, "failed apply of {s:?} changed the config");
+            }
+        }
+        // The generator must reach the accepting paths too.
+        assert!(accepted > 10, "only {accepted} strings accepted");
+    }
+}

@@ -926,6 +926,26 @@ impl Engine {
         Ok(())
     }
 
+    /// The statistics.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &dyn Policy {
+        &*self.policy
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
     /// Bytes obtained from the device.
     pub fn total_allocated_memory(&self) -> u64 {
         self.total_allocated_memory

@@ -100,7 +100,7 @@ pub struct DeviceCounters {
     pub mallocs: u64,
     /// `free` calls.
     pub frees: u64,
-    /// `map` calls that succeeded (each maps one or more pages).
+    /// `map` calls that succeeded (each creates and maps one physical allocation).
     pub maps: u64,
     /// `unmap` calls.
     pub unmaps: u64,
@@ -137,12 +137,13 @@ pub trait Device: Send + Sync + fmt::Debug {
     fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError>;
     /// Returns a reservation made by [`Device::reserve`]; every page in it must be unmapped.
     fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
-    /// Backs `[ptr, ptr+size)` inside a reservation with new physical pages, readable and
-    /// writable by this device (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess` per page).
-    /// On failure nothing stays mapped.
+    /// Backs `[ptr, ptr+size)` inside a reservation with one new physical allocation, readable
+    /// and writable by this device (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`). Like a CUDA
+    /// allocation handle, a mapping is later unmapped whole. On failure nothing stays mapped.
     fn map(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
-    /// Unmaps `[ptr, ptr+size)` and releases its physical pages (`cuMemUnmap` + `cuMemRelease`).
-    /// The caller has made sure no pending work uses the range.
+    /// Unmaps `[ptr, ptr+size)`, which must be a run of whole mappings, and releases their
+    /// physical memory (`cuMemUnmap` + `cuMemRelease`). The caller has made sure no pending work
+    /// uses the range.
     fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError>;
 
     /// Records an event on `stream` (`cuEventRecord`).

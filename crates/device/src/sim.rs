@@ -17,7 +17,7 @@
 //! Invariant (checked by [`SimDevice::check`]): `used == sum(live segments) + mapped pages ×
 //! granularity <= capacity`, and no two live ranges (segments or reservations) overlap.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
@@ -109,7 +109,15 @@ impl Default for SimConfig {
 #[derive(Debug)]
 struct Reservation {
     size: u64,
-    mapped_pages: HashSet<u64>,
+    /// Physical allocations mapped into the range: start -> size. One `map` call makes one,
+    /// and (as with `cuMemCreate` handles) one can only be unmapped whole.
+    mappings: BTreeMap<u64, u64>,
+}
+
+impl Reservation {
+    fn mapped_bytes(&self) -> u64 {
+        self.mappings.values().sum()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -212,10 +220,10 @@ impl SimDevice {
     pub fn check(&self) -> Result<(), String> {
         let s = self.lock();
         let seg: u64 = s.segments.values().sum();
-        let pages: u64 = s.reservations.values().map(|r| r.mapped_pages.len() as u64).sum();
-        let expect = seg + pages * self.config.granularity;
+        let mapped: u64 = s.reservations.values().map(Reservation::mapped_bytes).sum();
+        let expect = seg + mapped;
         if expect != s.used {
-            return Err(format!("used {} != segments {} + mapped {}", s.used, seg, pages));
+            return Err(format!("used {} != segments {} + mapped {}", s.used, seg, mapped));
         }
         if s.used > self.config.capacity {
             return Err(format!("used {} > capacity {}", s.used, self.config.capacity));
@@ -368,18 +376,18 @@ impl Device for SimDevice {
             call: "cuMemAddressReserve",
             name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         })?;
-        s.reservations.insert(ptr, Reservation { size, mapped_pages: HashSet::new() });
+        s.reservations.insert(ptr, Reservation { size, mappings: BTreeMap::new() });
         Ok(ptr)
     }
 
     fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         let mut s = self.lock();
         match s.reservations.get(&ptr) {
-            Some(r) if r.size == size && r.mapped_pages.is_empty() => {}
-            Some(r) if !r.mapped_pages.is_empty() => {
+            Some(r) if r.size == size && r.mappings.is_empty() => {}
+            Some(r) if !r.mappings.is_empty() => {
                 return Err(DeviceError::InvalidArgument(format!(
-                    "reservation {ptr:#x} still has {} mapped pages",
-                    r.mapped_pages.len()
+                    "reservation {ptr:#x} still has {} mappings",
+                    r.mappings.len()
                 )))
             }
             _ => return Err(DeviceError::InvalidArgument(format!("no reservation {ptr:#x}+{size}"))),
@@ -404,11 +412,11 @@ impl Device for SimDevice {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
         let r = Self::reservation_of(&mut s, ptr, size)?;
-        let pages: Vec<u64> = (0..size / g).map(|i| ptr + i * g).collect();
-        if let Some(p) = pages.iter().find(|p| r.mapped_pages.contains(p)) {
-            return Err(DeviceError::InvalidArgument(format!("page {p:#x} is already mapped")));
+        let overlap = r.mappings.range(..ptr + size).next_back().is_some_and(|(&a, &l)| a + l > ptr);
+        if overlap {
+            return Err(DeviceError::InvalidArgument(format!("[{ptr:#x}, +{size}) overlaps a mapping")));
         }
-        r.mapped_pages.extend(pages);
+        r.mappings.insert(ptr, size);
         s.used += size;
         s.counters.maps += 1;
         s.counters.pages_mapped += size / g;
@@ -424,12 +432,28 @@ impl Device for SimDevice {
         }
         let mut s = self.lock();
         let r = Self::reservation_of(&mut s, ptr, size)?;
-        let pages: Vec<u64> = (0..size / g).map(|i| ptr + i * g).collect();
-        if let Some(p) = pages.iter().find(|p| !r.mapped_pages.contains(p)) {
-            return Err(DeviceError::InvalidArgument(format!("page {p:#x} is not mapped")));
+        // The range must be exactly a run of whole mappings.
+        let (mut at, mut starts) = (ptr, Vec::new());
+        while at < ptr + size {
+            match r.mappings.get(&at) {
+                Some(&l) => {
+                    starts.push(at);
+                    at += l;
+                }
+                None => {
+                    return Err(DeviceError::InvalidArgument(format!(
+                        "unmap of [{ptr:#x}, +{size}): no mapping starts at {at:#x} (mappings are unmapped whole)"
+                    )))
+                }
+            }
         }
-        for p in &pages {
-            r.mapped_pages.remove(p);
+        if at != ptr + size {
+            return Err(DeviceError::InvalidArgument(format!(
+                "unmap of [{ptr:#x}, +{size}) ends inside the mapping that ends at {at:#x}"
+            )));
+        }
+        for a in starts {
+            r.mappings.remove(&a);
         }
         s.used -= size;
         s.counters.unmaps += 1;
@@ -540,6 +564,7 @@ mod tests {
         let base = d.reserve(64 << 20).unwrap();
         d.map(base, 2 * g).unwrap();
         assert!(d.map(base + g, g).is_err(), "double map rejected");
+        assert!(d.unmap(base, g).is_err(), "a mapping is unmapped whole");
         assert!(d.map(base + 2 * g, 4 * g).unwrap_err().is_out_of_memory());
         assert_eq!(d.used(), 2 * g);
         assert!(d.release_reservation(base, 64 << 20).is_err());

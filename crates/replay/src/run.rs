@@ -139,9 +139,9 @@ fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64], cap
             Op::Malloc { size, stream, slot } => match e.malloc(size, StreamId(stream)) {
                 Ok(ptr) => {
                     slots[slot as usize] = ptr;
-                    if capture && e.stats.reserved_bytes.all().current > best {
-                        best = e.stats.reserved_bytes.all().current;
-                        peak = Some(e.stats);
+                    if capture && e.stats().reserved_bytes.all().current > best {
+                        best = e.stats().reserved_bytes.all().current;
+                        peak = Some(*e.stats());
                     }
                 }
                 Err(err) if err.is_out_of_memory() => ooms += 1,
