@@ -176,6 +176,7 @@ impl Engine {
             tried,
             total,
             free,
+            process_used: total.saturating_sub(free),
             allowed: self.allowed_memory_maximum,
             allocated: self.stats.allocated_bytes.all().current as u64,
             reserved: self.stats.reserved_bytes.all().current as u64,

@@ -24,6 +24,9 @@ pub struct OutOfMemory {
     pub total: u64,
     /// Device free memory after the retries.
     pub free: u64,
+    /// Memory this process uses on the device (PyTorch asks NVML; cudamem takes
+    /// `total - free`, exact when the process is alone on its GPU).
+    pub process_used: u64,
     /// The per-process limit, when a memory fraction is set.
     pub allowed: Option<u64>,
     /// Bytes allocated to callers.
@@ -55,7 +58,7 @@ impl OutOfMemory {
             self.device,
             format_size(self.total),
             format_size(self.free),
-            format_size(self.total - self.free),
+            format_size(self.process_used),
             allowed,
             format_size(self.allocated),
             format_size(self.reserved - self.allocated),
