@@ -68,6 +68,8 @@ pub struct Engine {
     pub(crate) history: History,
     /// Stack to attach to the events of the current call.
     pub(crate) current_stack: Option<u32>,
+    /// The most memory ever obtained from the device (not reset by `reset_peak_memory_stats`).
+    reclaim_watermark: u64,
 }
 
 impl Engine {
@@ -88,6 +90,7 @@ impl Engine {
             allowed_memory_maximum: None,
             history: History::default(),
             current_stack: None,
+            reclaim_watermark: 0,
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;
@@ -252,6 +255,10 @@ impl Engine {
             }
         }
         if let Some(page_size) = self.policy.expandable_page_size(&self.config, req.pool) {
+            if self.policy.reclaim_before_growth() {
+                let need = req.size.div_ceil(page_size) * page_size;
+                self.reclaim_free_pages(req.pool, need)?;
+            }
             return self.try_allocate_expandable_block(req, page_size);
         }
         let size = req.alloc_size;
@@ -417,13 +424,13 @@ impl Engine {
         let total = self.device.total_memory();
         let va = (total + total / 8).div_ceil(page_size) * page_size;
         let base = self.device.reserve(va)?;
-        let pages = vec![false; (va / page_size) as usize];
+        let whole_growth = self.policy.map_whole_growth();
         let seg = self.segments.insert(Segment {
             base,
             size: va,
             pool: req.pool,
             stream: req.stream,
-            backing: Backing::Expandable { page_size, pages },
+            backing: Backing::Expandable { page_size, whole_growth, mappings: Default::default() },
             stack: self.current_stack,
         });
         let mut b = self.new_block(base, va, req.stream, req.pool, seg, true);
@@ -465,6 +472,7 @@ impl Engine {
         self.try_merge_blocks(to_map, n);
         self.insert_free(to_map);
         self.total_allocated_memory += msize;
+        self.reclaim_watermark = self.reclaim_watermark.max(self.total_allocated_memory);
         let small = self.is_small(pool);
         self.stats.reserved_bytes.increase(small, msize);
         self.stats.num_device_alloc += 1;
@@ -544,6 +552,30 @@ impl Engine {
         self.stats.reserved_bytes.decrease(small, usize_);
         self.stats.num_device_free += 1;
         self.trace(Action::SegmentUnmap, uptr, usize_, stream, self.current_stack);
+        Ok(())
+    }
+
+    /// The policy's `reclaim_before_growth`: when growing by `need` bytes would pass the
+    /// high-water mark, unmaps whole free pages of the pool's expandable segments, largest free
+    /// blocks first, until the growth fits under the mark (or nothing is left to unmap). Blocks
+    /// keep their addresses; only their backing goes.
+    fn reclaim_free_pages(&mut self, pool: PoolId, need: u64) -> Result<(), AllocError> {
+        let g = self.device.granularity();
+        let mut cursor: Option<crate::block::SizeKey> = None;
+        while self.total_allocated_memory + need > self.reclaim_watermark {
+            // Walk the free set from the largest key down; unmapping changes the set, so look
+            // the next key up below the last one instead of holding an iterator.
+            let set = &self.pools[pool.0 as usize].blocks;
+            let next = match cursor {
+                None => set.iter().next_back(),
+                Some(k) => set.range(..k).next_back(),
+            };
+            let Some(&key) = next else { break };
+            cursor = Some(key);
+            if key.1 >= g && self.blocks[key.3].expandable {
+                self.unmap_block(key.3)?;
+            }
+        }
         Ok(())
     }
 

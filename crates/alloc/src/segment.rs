@@ -5,8 +5,12 @@
 //! physical pages of `page_size` bytes are mapped as the pool grows and unmapped when whole pages
 //! fall free (PyTorch: `ExpandableSegment`, Note [Expandable Segments]).
 //!
-//! Invariant: for an expandable segment, `pages[i]` is true iff the device has the page
-//! `[base + i·page_size, +page_size)` mapped, and a mapped block covers only mapped pages.
+//! Invariant: for an expandable segment, `mappings` lists exactly the device mappings inside its
+//! range, each starting and ending on a page boundary, and a mapped block covers only mapped
+//! bytes. PyTorch's policy maps one page per mapping; a policy may map one mapping per growth
+//! (fewer driver calls; such a mapping is unmapped only when wholly free).
+
+use std::collections::BTreeMap;
 
 use cudamem_device::{Device, DeviceError, StreamId};
 
@@ -17,12 +21,14 @@ use crate::block::{PoolId, SegmentId};
 pub enum Backing {
     /// One device allocation of the segment's size.
     Malloc,
-    /// A reserved range with pages mapped on demand.
+    /// A reserved range into which physical allocations ("mappings") are mapped on demand.
     Expandable {
-        /// Bytes per page (a multiple of the device granularity).
+        /// Mappings start and end on multiples of this (a multiple of the device granularity).
         page_size: u64,
-        /// Which pages are mapped.
-        pages: Vec<bool>,
+        /// One mapping per call when growing (`true`), or one per page as PyTorch does.
+        whole_growth: bool,
+        /// The mappings: start address -> bytes. Each is one device allocation, unmapped whole.
+        mappings: BTreeMap<u64, u64>,
     },
 }
 
@@ -49,57 +55,66 @@ impl Segment {
         matches!(self.backing, Backing::Expandable { .. })
     }
 
-    /// Maps the pages touching `[ptr, ptr+size)` that are not mapped yet — PyTorch's
-    /// `ExpandableSegment::map`: `ptr` is page aligned, the returned range covers whole pages.
-    /// Returns the mapped range, or `Ok(None)` when the device ran out of memory (nothing stays
-    /// mapped by this call then).
+    /// Maps `[ptr, ptr+size)` rounded out to whole pages, all of it unmapped so far — PyTorch's
+    /// `ExpandableSegment::map`. Returns the mapped range, or `Ok(None)` when the device ran out
+    /// of memory (nothing stays mapped by this call then).
     pub fn map(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<Option<(u64, u64)>, DeviceError> {
-        let Backing::Expandable { page_size, pages } = &mut self.backing else {
+        let base = self.base;
+        let Backing::Expandable { page_size, whole_growth, mappings } = &mut self.backing else {
             unreachable!("map on a malloc segment")
         };
         let ps = *page_size;
-        let begin = (ptr - self.base) / ps;
-        let end = (ptr + size - self.base).div_ceil(ps);
-        debug_assert_eq!(self.base + begin * ps, ptr, "map start must be page aligned");
-        for i in begin..end {
-            debug_assert!(!pages[i as usize], "page mapped twice");
-            if let Err(e) = dev.map(self.base + i * ps, ps) {
-                for j in begin..i {
-                    dev.unmap(self.base + j * ps, ps)?;
-                    pages[j as usize] = false;
+        debug_assert_eq!((ptr - base) % ps, 0, "map start must be page aligned");
+        let end = base + (ptr + size - base).div_ceil(ps) * ps;
+        let chunk = if *whole_growth { end - ptr } else { ps };
+        let mut at = ptr;
+        while at < end {
+            if let Err(e) = dev.map(at, chunk) {
+                let mut undo = ptr;
+                while undo < at {
+                    dev.unmap(undo, chunk)?;
+                    mappings.remove(&undo);
+                    undo += chunk;
                 }
                 return if e.is_out_of_memory() { Ok(None) } else { Err(e) };
             }
-            pages[i as usize] = true;
+            mappings.insert(at, chunk);
+            at += chunk;
         }
-        Ok(Some((self.base + begin * ps, (end - begin) * ps)))
+        Ok(Some((ptr, end - ptr)))
     }
 
-    /// Unmaps the whole pages inside `[ptr, ptr+size)` — PyTorch's `ExpandableSegment::unmap`,
-    /// which first waits for the segment's stream. Returns the unmapped range (size 0 if none).
+    /// Unmaps the mappings lying wholly inside `[ptr, ptr+size)` — PyTorch's
+    /// `ExpandableSegment::unmap`, which first waits for the segment's stream. They form one
+    /// contiguous run, which is returned (size 0 if none).
     pub fn unmap(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<(u64, u64), DeviceError> {
-        let Backing::Expandable { page_size, pages } = &mut self.backing else {
+        let stream = self.stream;
+        let Backing::Expandable { whole_growth, mappings, .. } = &mut self.backing else {
             unreachable!("unmap on a malloc segment")
         };
-        let ps = *page_size;
-        let begin = (ptr - self.base).div_ceil(ps);
-        let end = (ptr + size - self.base) / ps;
-        if begin >= end {
-            return Ok((ptr, 0));
+        let inside: Vec<(u64, u64)> =
+            mappings.range(ptr..ptr + size).map(|(&a, &l)| (a, l)).take_while(|&(a, l)| a + l <= ptr + size).collect();
+        let Some(&(first, _)) = inside.first() else { return Ok((ptr, 0)) };
+        let total: u64 = inside.iter().map(|m| m.1).sum();
+        dev.synchronize_stream(stream)?;
+        if *whole_growth {
+            dev.unmap(first, total)?; // one call for the run, as cuMemUnmap allows
+        } else {
+            for &(a, l) in &inside {
+                dev.unmap(a, l)?; // PyTorch unmaps page by page
+            }
         }
-        dev.synchronize_stream(self.stream)?;
-        for i in begin..end {
-            dev.unmap(self.base + i * ps, ps)?;
-            pages[i as usize] = false;
+        for (a, _) in inside {
+            mappings.remove(&a);
         }
-        Ok((self.base + begin * ps, (end - begin) * ps))
+        Ok((first, total))
     }
 
-    /// Bytes of mapped pages.
+    /// Bytes of mapped memory.
     pub fn mapped_bytes(&self) -> u64 {
         match &self.backing {
             Backing::Malloc => self.size,
-            Backing::Expandable { page_size, pages } => pages.iter().filter(|p| **p).count() as u64 * page_size,
+            Backing::Expandable { mappings, .. } => mappings.values().sum(),
         }
     }
 }

@@ -37,18 +37,21 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-const CONFIGS: &[&str] = &[
-    "",
-    "expandable_segments:True",
-    "max_split_size_mb:24",
-    "roundup_power2_divisions:4",
-    "garbage_collection_threshold:0.6",
+/// (policy, settings) pairs the properties are checked under.
+const CONFIGS: &[(&str, &str)] = &[
+    ("pytorch", ""),
+    ("pytorch", "expandable_segments:True"),
+    ("pytorch", "max_split_size_mb:24"),
+    ("pytorch", "roundup_power2_divisions:4"),
+    ("pytorch", "garbage_collection_threshold:0.6"),
+    ("cudamem", ""),
+    ("cudamem", "max_split_size_mb:24"),
 ];
 
-fn run(steps: &[Step], cfg: &str, capacity: u64, fault_seed: Option<u64>) -> Result<(), TestCaseError> {
+fn run(steps: &[Step], (policy, cfg): (&str, &str), capacity: u64, fault_seed: Option<u64>) -> Result<(), TestCaseError> {
     let sim = Arc::new(SimDevice::new(SimConfig { capacity, event_mode: EventMode::Manual, ..SimConfig::default() }));
     let dev: Arc<dyn Device> = sim.clone();
-    let a = CachingAllocator::with_policy(dev, AllocatorConfig::parse(cfg).unwrap(), "pytorch").unwrap();
+    let a = CachingAllocator::with_policy(dev, AllocatorConfig::parse(cfg).unwrap(), policy).unwrap();
     if cfg.contains("garbage") {
         a.set_memory_fraction(0.8).unwrap();
     }

@@ -36,8 +36,8 @@ enum Command {
     Replay {
         /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
         trace: PathBuf,
-        /// Policy: pytorch, pytorch-expandable.
-        #[arg(long, default_value = "pytorch")]
+        /// Policy: cudamem, pytorch, pytorch-expandable.
+        #[arg(long, default_value = "cudamem")]
         policy: String,
         /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
         #[arg(long)]
@@ -58,7 +58,7 @@ enum Command {
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Comma-separated policies.
-        #[arg(long, default_value = "pytorch,pytorch-expandable")]
+        #[arg(long, default_value = "pytorch,pytorch-expandable,cudamem")]
         policies: String,
         /// Allocator settings applied to every run.
         #[arg(long)]
@@ -75,7 +75,7 @@ enum Command {
         /// The trace file.
         trace: PathBuf,
         /// Comma-separated policies.
-        #[arg(long, default_value = "pytorch,pytorch-expandable")]
+        #[arg(long, default_value = "pytorch,pytorch-expandable,cudamem")]
         policy: String,
         /// Allocator settings over the trace's own.
         #[arg(long)]

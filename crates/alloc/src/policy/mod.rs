@@ -10,10 +10,12 @@
 //! Policies are stateless: every decision is a pure function of the configuration and sizes, so
 //! the engine can call them under its lock without surprises.
 
+mod cudamem;
 mod pytorch;
 
 use std::fmt;
 
+pub use cudamem::CudamemPolicy;
 pub use pytorch::PytorchPolicy;
 
 use crate::block::{Block, PoolId};
@@ -45,10 +47,21 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn accepts_cached(&self, cfg: &AllocatorConfig, rounded: u64, candidate: u64) -> bool;
     /// Whether to split `block` when it serves `rounded` bytes, returning the rest to the pool.
     fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool;
+    /// Whether, before mapping new pages, the engine unmaps the whole free pages that lie in
+    /// holes of the pool's expandable segments, so that growth reuses physical memory instead of
+    /// adding to it.
+    fn reclaim_before_growth(&self) -> bool {
+        false
+    }
+    /// Whether an expandable pool maps each growth as one device allocation (one driver call,
+    /// unmapped only when wholly free) instead of one allocation per page as PyTorch does.
+    fn map_whole_growth(&self) -> bool {
+        false
+    }
 }
 
 /// The policy names the command line and the APIs accept.
-pub const POLICY_NAMES: &[&str] = &["pytorch", "pytorch-expandable"];
+pub const POLICY_NAMES: &[&str] = &["pytorch", "pytorch-expandable", "cudamem"];
 
 /// The policy of a name, and the config changes that name implies (`pytorch-expandable` is
 /// PyTorch's policy with `expandable_segments:True`).
@@ -59,6 +72,7 @@ pub fn by_name(name: &str, cfg: &mut AllocatorConfig) -> Result<Box<dyn Policy>,
             cfg.expandable_segments = true;
             Ok(Box::new(PytorchPolicy))
         }
+        "cudamem" => Ok(Box::new(CudamemPolicy::default())),
         other => Err(format!("unknown policy '{other}' (known: {})", POLICY_NAMES.join(", "))),
     }
 }
