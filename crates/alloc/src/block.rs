@@ -25,6 +25,8 @@ use std::collections::BTreeSet;
 
 use cudamem_device::StreamId;
 
+use crate::free_index::FreeIndex;
+
 /// Index of a block in the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockId(pub u32);
@@ -148,7 +150,7 @@ pub struct Pool {
     /// Whether the pool's blocks count as `small_pool` in the stats.
     pub is_small: bool,
     /// Free, mapped blocks by `(stream, size, address)`.
-    pub blocks: BTreeSet<SizeKey>,
+    pub blocks: FreeIndex,
     /// Free, unmapped blocks of expandable segments by `(stream, address)`.
     pub unmapped: BTreeSet<AddrKey>,
     /// Calls of `get_free_block`, the clock of garbage collection ages.
@@ -158,7 +160,7 @@ pub struct Pool {
 impl Pool {
     /// An empty pool.
     pub fn new(is_small: bool) -> Self {
-        Pool { is_small, blocks: BTreeSet::new(), unmapped: BTreeSet::new(), get_free_blocks_call_count: 0 }
+        Pool { is_small, blocks: FreeIndex::default(), unmapped: BTreeSet::new(), get_free_blocks_call_count: 0 }
     }
     /// The key of a block in the free set.
     #[inline]
@@ -171,3 +173,28 @@ impl Pool {
         (b.stream, b.addr, id)
     }
 }
+
+/// Hasher for device addresses: they are distinct multiples of 512, so one multiply mixes them
+/// well enough, at a fraction of SipHash's cost (the pointer map is on every alloc and free).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    }
+}
+
+/// Map from device address to block.
+pub type AddrMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;

@@ -22,7 +22,7 @@
 //! Every change of a stat happens next to the state change it describes, once; every history
 //! entry is emitted through [`Engine::trace`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudamem_device::{Device, EventId, StreamId};
@@ -57,7 +57,7 @@ pub struct Engine {
     pub(crate) pools: Vec<Pool>,
     pub(crate) segments: SegmentTable,
     /// Allocated blocks by address: the pointers callers hold.
-    pub(crate) allocated: HashMap<u64, BlockId>,
+    pub(crate) allocated: crate::block::AddrMap<BlockId>,
     /// Outstanding events per stream, in record order.
     events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
     pub(crate) stats: DeviceStats,
@@ -84,7 +84,7 @@ impl Engine {
             blocks: BlockArena::default(),
             pools,
             segments: SegmentTable::default(),
-            allocated: HashMap::new(),
+            allocated: Default::default(),
             events: Vec::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -190,7 +190,7 @@ impl Engine {
 
     /// The largest free cached block (PyTorch's `cacheInfo`).
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().flat_map(|p| p.blocks.iter().map(|k| k.1)).max().unwrap_or(0)
+        self.pools.iter().filter_map(|p| p.blocks.max_size()).max().unwrap_or(0)
     }
 
     /// Best fit on the request's stream (PyTorch `get_free_block`).
@@ -202,40 +202,34 @@ impl Engine {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let mut it = pool.blocks.range((req.stream, req.size, 0, BlockId(0))..).peekable();
-        let mut key = *it.next()?;
-        if key.0 != req.stream {
-            return None;
-        }
-        if blocks[key.3].expandable {
-            // The size a block can grow to by mapping the unmapped block after it.
-            let expandable_size = |id: BlockId| {
-                let b = &blocks[id];
-                b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
-            };
-            if expandable_on {
-                while blocks[key.3].expandable {
-                    match it.peek() {
-                        Some(next) if next.0 == req.stream && expandable_size(next.3) < expandable_size(key.3) => {
-                            key = **next;
-                            it.next();
+        let key = {
+            let mut it = pool.blocks.from_size(req.stream, req.size).peekable();
+            let mut key = it.next()?;
+            if blocks[key.3].expandable {
+                // The size a block can grow to by mapping the unmapped block after it.
+                let expandable_size = |id: BlockId| {
+                    let b = &blocks[id];
+                    b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
+                };
+                if expandable_on {
+                    while blocks[key.3].expandable {
+                        match it.peek() {
+                            Some(next) if expandable_size(next.3) < expandable_size(key.3) => {
+                                key = *next;
+                                it.next();
+                            }
+                            _ => break,
                         }
-                        _ => break,
                     }
-                }
-            } else {
-                // Expandable segments were switched off: only plain blocks may serve.
-                loop {
-                    key = *it.next()?;
-                    if key.0 != req.stream {
-                        return None;
-                    }
-                    if !blocks[key.3].expandable {
-                        break;
+                } else {
+                    // Expandable segments were switched off: only plain blocks may serve.
+                    while blocks[key.3].expandable {
+                        key = it.next()?;
                     }
                 }
             }
-        }
+            key
+        };
         if !self.policy.accepts_cached(&self.config, req.size, key.1) {
             return None;
         }
@@ -566,11 +560,7 @@ impl Engine {
             // Walk the free set from the largest key down; unmapping changes the set, so look
             // the next key up below the last one instead of holding an iterator.
             let set = &self.pools[pool.0 as usize].blocks;
-            let next = match cursor {
-                None => set.iter().next_back(),
-                Some(k) => set.range(..k).next_back(),
-            };
-            let Some(&key) = next else { break };
+            let Some(key) = set.prev_key(cursor) else { break };
             cursor = Some(key);
             if key.1 >= g && self.blocks[key.3].expandable {
                 self.unmap_block(key.3)?;
@@ -871,21 +861,16 @@ impl Engine {
         }
         let key_size = req.size.max(max_split);
         let pool = &self.pools[req.pool.0 as usize];
-        let found = pool.blocks.range((req.stream, key_size, 0, BlockId(0))..).next().copied();
+        let found = pool.blocks.from_size(req.stream, key_size).next();
         match found {
-            Some(k) if k.0 == req.stream => {
+            Some(k) => {
                 self.release_block(k.3)?;
                 Ok(true)
             }
             _ => {
                 // No single block is large enough: free oversize blocks, largest first.
-                let victims: Vec<_> = pool
-                    .blocks
-                    .range(..(req.stream, key_size, 0, BlockId(0)))
-                    .rev()
-                    .take_while(|k| k.0 == req.stream && k.1 >= max_split)
-                    .copied()
-                    .collect();
+                let victims: Vec<_> =
+                    pool.blocks.below_size(req.stream, key_size).take_while(|k| k.1 >= max_split).collect();
                 let mut released = 0;
                 for k in victims {
                     if released >= key_size {

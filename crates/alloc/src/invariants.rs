@@ -108,9 +108,9 @@ fn expect(name: &str, arr: &StatArray, want: [i64; 3]) -> Result<(), String> {
 fn check_pools(e: &Engine) -> Result<(), String> {
     let mut in_sets = HashSet::new();
     for pool in &e.pools {
-        for k in &pool.blocks {
+        for k in pool.blocks.iter() {
             let b = &e.blocks[k.3];
-            if Pool::size_key(k.3, b) != *k || !b.is_free() || !b.mapped {
+            if Pool::size_key(k.3, b) != k || !b.is_free() || !b.mapped {
                 return Err(format!("free set entry {:#x} does not match its block", k.2));
             }
             in_sets.insert(k.3);

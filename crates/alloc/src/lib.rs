@@ -9,6 +9,7 @@
 //! | concern | module |
 //! |---|---|
 //! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`] |
+//! | best fit in constant time | [`free_index`] |
 //! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
 //! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
 //! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
@@ -28,6 +29,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod format;
+pub mod free_index;
 pub mod history;
 pub mod invariants;
 pub mod policy;

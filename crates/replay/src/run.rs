@@ -112,7 +112,9 @@ pub fn effective_config(trace: &Trace, opts: &ReplayOptions) -> Result<Allocator
     Ok(cfg)
 }
 
-fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Arc<SimDevice>, CachingAllocator), String> {
+/// A fresh simulated device and allocator for replaying `p` (benchmarks build their own runs
+/// from this and [`run_once`]).
+pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Arc<SimDevice>, CachingAllocator), String> {
     let sim = Arc::new(SimDevice::new(SimConfig {
         index: p.device,
         capacity: opts.capacity,
@@ -127,8 +129,9 @@ fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan:
     Ok((sim, alloc))
 }
 
-/// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if asked).
-fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
+/// Runs the program once on a fresh allocator; returns (elapsed ns, ooms, stats at the reserved
+/// peak if `capture`). `slots` must have `p.slots` entries.
+pub fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
     slots.iter_mut().for_each(|s| *s = 0);
     let mut ooms = 0;
     let mut peak: Option<DeviceStats> = None;

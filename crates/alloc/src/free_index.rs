@@ -1,0 +1,338 @@
+//! # The free index: best fit in constant time, per stream
+//!
+//! A pool's free blocks must be found in PyTorch's order — `(stream, size, address)` — because
+//! best fit is "the first block at or after `(stream, size, 0)`": the smallest free block on the
+//! caller's stream that is large enough, the lowest address among equals. A `BTreeSet` gives that
+//! order in O(log n) with a pointer chase per level; this index gives the same answers with
+//! segregated size classes, as TLSF does:
+//!
+//! * Each stream has its own [`StreamBins`].
+//! * Sizes map to **size classes**: exact classes of 512 bytes up to 32 KiB, then 32 classes per
+//!   power of two (a class spans ≤ 3% of its sizes). Each class is a small vector kept sorted by
+//!   `(size, address)`, and a two-level **occupancy bitmap** says which classes are non-empty.
+//! * Best fit for `size`: binary search in `size`'s own class for the first entry ≥ `(size, 0)`;
+//!   if none, the first entry of the next non-empty class (one `trailing_zeros` per bitmap
+//!   level). Every entry of a later class is larger than every entry of an earlier one, so this
+//!   is exactly the `BTreeSet` answer.
+//!
+//! Invariant: an entry is in the class of its size, each class vector is sorted and
+//! duplicate-free, and a class's bitmap bit is set iff its vector is non-empty.
+
+use cudamem_device::StreamId;
+
+use crate::block::{BlockId, SizeKey};
+
+const EXACT_UNITS: u64 = 64; // sizes below 64 × 512 B get one class per 512 B
+const SUB: u32 = 5; // 2^5 = 32 classes per power of two above that
+const CLASSES: usize = 64 + 64 * 32; // enough for every u64 size
+const WORDS: usize = CLASSES.div_ceil(64);
+
+/// The size class of a size.
+#[inline]
+fn class_of(size: u64) -> usize {
+    let units = size >> 9;
+    if units < EXACT_UNITS {
+        return units as usize;
+    }
+    let e = 63 - units.leading_zeros(); // floor(log2(units)) >= 6
+    let m = (units >> (e - SUB)) & ((1 << SUB) - 1);
+    (EXACT_UNITS as usize) + ((e - 6) as usize) * (1 << SUB) + m as usize
+}
+
+/// The free blocks of one stream in one pool.
+#[derive(Debug, Clone)]
+pub struct StreamBins {
+    classes: Vec<Vec<(u64, u64, BlockId)>>,
+    words: [u64; WORDS],
+    summary: u64, // bit i: words[i] != 0 (WORDS <= 64)
+    len: usize,
+}
+
+impl Default for StreamBins {
+    fn default() -> Self {
+        StreamBins { classes: vec![Vec::new(); CLASSES], words: [0; WORDS], summary: 0, len: 0 }
+    }
+}
+
+impl StreamBins {
+    #[inline]
+    fn mark(&mut self, c: usize, on: bool) {
+        let (w, b) = (c / 64, c % 64);
+        if on {
+            self.words[w] |= 1 << b;
+            self.summary |= 1 << w;
+        } else {
+            self.words[w] &= !(1 << b);
+            if self.words[w] == 0 {
+                self.summary &= !(1 << w);
+            }
+        }
+    }
+
+    /// The first non-empty class at or after `c`.
+    #[inline]
+    fn next_class(&self, c: usize) -> Option<usize> {
+        if c >= CLASSES {
+            return None;
+        }
+        let (w, b) = (c / 64, c % 64);
+        let here = self.words[w] & (!0u64 << b);
+        if here != 0 {
+            return Some(w * 64 + here.trailing_zeros() as usize);
+        }
+        let later = if w + 1 >= 64 { 0 } else { self.summary & (!0u64 << (w + 1)) };
+        if later == 0 {
+            return None;
+        }
+        let w2 = later.trailing_zeros() as usize;
+        Some(w2 * 64 + self.words[w2].trailing_zeros() as usize)
+    }
+
+    /// The last non-empty class at or before `c`.
+    fn prev_class(&self, c: usize) -> Option<usize> {
+        let mut c = c as isize;
+        while c >= 0 {
+            let (w, b) = (c as usize / 64, c as usize % 64);
+            let here = self.words[w] & (!0u64 >> (63 - b));
+            if here != 0 {
+                return Some(w * 64 + 63 - here.leading_zeros() as usize);
+            }
+            c = (w as isize) * 64 - 1;
+        }
+        None
+    }
+
+    fn insert(&mut self, size: u64, addr: u64, id: BlockId) -> bool {
+        let c = class_of(size);
+        let v = &mut self.classes[c];
+        match v.binary_search_by(|e| (e.0, e.1).cmp(&(size, addr))) {
+            Ok(_) => false,
+            Err(i) => {
+                v.insert(i, (size, addr, id));
+                if v.len() == 1 {
+                    self.mark(c, true);
+                }
+                self.len += 1;
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, size: u64, addr: u64) -> bool {
+        let c = class_of(size);
+        let v = &mut self.classes[c];
+        match v.binary_search_by(|e| (e.0, e.1).cmp(&(size, addr))) {
+            Ok(i) => {
+                v.remove(i);
+                if v.is_empty() {
+                    self.mark(c, false);
+                }
+                self.len -= 1;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Position of the first entry ≥ `(size, addr)`.
+    #[inline]
+    fn lower_bound(&self, size: u64, addr: u64) -> Option<(usize, usize)> {
+        let c = class_of(size);
+        let v = &self.classes[c];
+        let i = v.partition_point(|e| (e.0, e.1) < (size, addr));
+        if i < v.len() {
+            return Some((c, i));
+        }
+        self.next_class(c + 1).map(|c| (c, 0))
+    }
+
+    /// Position of the last entry < `(size, addr)`.
+    fn below(&self, size: u64, addr: u64) -> Option<(usize, usize)> {
+        let c = class_of(size);
+        let v = &self.classes[c];
+        let i = v.partition_point(|e| (e.0, e.1) < (size, addr));
+        if i > 0 {
+            return Some((c, i - 1));
+        }
+        let pc = self.prev_class(c.checked_sub(1)?)?;
+        Some((pc, self.classes[pc].len() - 1))
+    }
+
+    fn advance(&self, (c, i): (usize, usize)) -> Option<(usize, usize)> {
+        if i + 1 < self.classes[c].len() {
+            Some((c, i + 1))
+        } else {
+            self.next_class(c + 1).map(|c| (c, 0))
+        }
+    }
+
+    fn retreat(&self, (c, i): (usize, usize)) -> Option<(usize, usize)> {
+        if i > 0 {
+            Some((c, i - 1))
+        } else {
+            let pc = self.prev_class(c.checked_sub(1)?)?;
+            Some((pc, self.classes[pc].len() - 1))
+        }
+    }
+
+    #[inline]
+    fn at(&self, (c, i): (usize, usize)) -> (u64, u64, BlockId) {
+        self.classes[c][i]
+    }
+}
+
+/// A pool's free blocks, ordered as `(stream, size, address)`. See the
+/// [module documentation](self).
+#[derive(Debug, Clone, Default)]
+pub struct FreeIndex {
+    streams: Vec<(StreamId, StreamBins)>, // sorted by stream
+    len: usize,
+}
+
+impl FreeIndex {
+    #[inline]
+    fn stream(&self, s: StreamId) -> Option<&StreamBins> {
+        self.streams.iter().find(|(k, _)| *k == s).map(|(_, b)| b)
+    }
+
+    /// Adds a free block; false if it was there.
+    pub fn insert(&mut self, k: SizeKey) -> bool {
+        let pos = match self.streams.binary_search_by(|(s, _)| s.cmp(&k.0)) {
+            Ok(p) => p,
+            Err(p) => {
+                self.streams.insert(p, (k.0, StreamBins::default()));
+                p
+            }
+        };
+        let added = self.streams[pos].1.insert(k.1, k.2, k.3);
+        self.len += added as usize;
+        added
+    }
+
+    /// Removes a free block; false if it was not there.
+    pub fn remove(&mut self, k: &SizeKey) -> bool {
+        let Some(b) = self.streams.iter_mut().find(|(s, _)| *s == k.0) else { return false };
+        let removed = b.1.remove(k.1, k.2);
+        self.len -= removed as usize;
+        removed
+    }
+
+    /// Number of free blocks.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The blocks of `stream` from the first at or after `(size, 0)`, ascending.
+    pub fn from_size(&self, stream: StreamId, size: u64) -> impl Iterator<Item = SizeKey> + '_ {
+        let bins = self.stream(stream);
+        let mut pos = bins.and_then(|b| b.lower_bound(size, 0));
+        std::iter::from_fn(move || {
+            let b = bins?;
+            let p = pos?;
+            pos = b.advance(p);
+            let (sz, a, id) = b.at(p);
+            Some((stream, sz, a, id))
+        })
+    }
+
+    /// The blocks of `stream` before `(size, 0)`, descending.
+    pub fn below_size(&self, stream: StreamId, size: u64) -> impl Iterator<Item = SizeKey> + '_ {
+        let bins = self.stream(stream);
+        let mut pos = bins.and_then(|b| b.below(size, 0));
+        std::iter::from_fn(move || {
+            let b = bins?;
+            let p = pos?;
+            pos = b.retreat(p);
+            let (sz, a, id) = b.at(p);
+            Some((stream, sz, a, id))
+        })
+    }
+
+    /// The last key below `k` in `(stream, size, address)` order, across streams.
+    pub fn prev_key(&self, k: Option<SizeKey>) -> Option<SizeKey> {
+        let start = match k {
+            None => self.streams.len(),
+            Some(k) => {
+                let p = self.streams.partition_point(|(s, _)| *s < k.0);
+                if let Some((s, b)) = self.streams.get(p).filter(|(s, _)| *s == k.0) {
+                    if let Some(pos) = b.below(k.1, k.2) {
+                        let (sz, a, id) = b.at(pos);
+                        return Some((*s, sz, a, id));
+                    }
+                }
+                p
+            }
+        };
+        self.streams[..start].iter().rev().find_map(|(s, b)| {
+            let c = b.prev_class(CLASSES - 1)?;
+            let (sz, a, id) = *b.classes[c].last()?;
+            Some((*s, sz, a, id))
+        })
+    }
+
+    /// Every free block, ascending by `(stream, size, address)`.
+    pub fn iter(&self) -> impl Iterator<Item = SizeKey> + '_ {
+        self.streams.iter().flat_map(|(s, b)| {
+            let s = *s;
+            b.classes.iter().flat_map(move |v| v.iter().map(move |&(sz, a, id)| (s, sz, a, id)))
+        })
+    }
+
+    /// The largest free block size.
+    pub fn max_size(&self) -> Option<u64> {
+        self.streams
+            .iter()
+            .filter_map(|(_, b)| b.prev_class(CLASSES - 1).and_then(|c| b.classes[c].last().map(|e| e.0)))
+            .max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone() {
+        let mut last = 0;
+        for s in (0..(1u64 << 26)).step_by(512).chain([1 << 30, 1 << 40, u64::MAX]) {
+            let c = class_of(s);
+            assert!(c >= last && c < CLASSES, "{s}");
+            last = c;
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn answers_like_a_btreeset(ops in prop::collection::vec((0u64..3, 1u64..200_000, 0u64..64, any::<bool>()), 1..300), q in 1u64..300_000) {
+            let mut idx = FreeIndex::default();
+            let mut set = BTreeSet::new();
+            for (s, sz, a, add) in ops {
+                let k = (StreamId(s), sz * 512, a * 4096, BlockId(a as u32));
+                if add { prop_assert_eq!(idx.insert(k), set.insert(k)); } else { prop_assert_eq!(idx.remove(&k), set.remove(&k)); }
+            }
+            prop_assert_eq!(idx.len(), set.len());
+            prop_assert_eq!(idx.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
+            for s in 0..3 {
+                let st = StreamId(s);
+                let want: Vec<_> = set.range((st, q * 512, 0, BlockId(0))..).take_while(|k| k.0 == st).copied().collect();
+                prop_assert_eq!(idx.from_size(st, q * 512).collect::<Vec<_>>(), want);
+                let want: Vec<_> = set.range(..(st, q * 512, 0, BlockId(0))).rev().take_while(|k| k.0 == st).copied().collect();
+                prop_assert_eq!(idx.below_size(st, q * 512).collect::<Vec<_>>(), want);
+            }
+            let mut cur = None;
+            let mut down = Vec::new();
+            while let Some(k) = idx.prev_key(cur) { down.push(k); cur = Some(k); }
+            prop_assert_eq!(down, set.iter().rev().copied().collect::<Vec<_>>());
+            prop_assert_eq!(idx.max_size(), set.iter().map(|k| k.1).max());
+        }
+    }
+}

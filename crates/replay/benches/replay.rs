@@ -1,0 +1,62 @@
+//! Replay speed: ns per trace operation (alloc or free) of each shared trace, per policy, load
+//! and compile excluded; and the cache-hit alloc+free pair on the simulated device.
+//! Run: `cargo bench -p cudamem-replay --bench replay`.
+
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator};
+use cudamem_device::sim::SimDevice;
+use cudamem_device::{Device, StreamId};
+use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
+
+const TRACES: &[&str] = &["gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"];
+
+fn replay(c: &mut Criterion) {
+    let mut g = c.benchmark_group("replay");
+    g.sample_size(20);
+    for name in TRACES {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(format!("{name}.pickle.gz"));
+        let trace = cudamem_trace::read_path(&path).unwrap();
+        let p = Program::compile(&trace.devices[0]);
+        g.throughput(Throughput::Elements(p.trace_ops));
+        for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
+            let opts = ReplayOptions { policy: policy.into(), ..ReplayOptions::default() };
+            let cfg = effective_config(&trace, &opts).unwrap();
+            let mut slots = vec![0u64; p.slots as usize];
+            g.bench_function(format!("{name}/{policy}"), |b| {
+                b.iter_batched(
+                    || new_allocator(&p, &cfg, &opts, policy == "pytorch").unwrap(),
+                    |(sim, alloc)| {
+                        let mut e = alloc.lock();
+                        run_once(&p, &mut e, &sim, &mut slots, false)
+                    },
+                    BatchSize::LargeInput,
+                )
+            });
+        }
+    }
+    g.finish();
+}
+
+fn pair(c: &mut Criterion) {
+    let mut g = c.benchmark_group("cache_hit_pair");
+    for (label, size) in [("512B", 512u64), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("64MiB", 64 << 20)] {
+        for policy in ["pytorch", "cudamem"] {
+            let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(SimDevice::default());
+            let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
+            let p = a.malloc(size, StreamId(0)).unwrap();
+            a.free(p).unwrap();
+            g.bench_function(format!("{label}/{policy}"), |b| {
+                b.iter(|| {
+                    let p = a.malloc(size, StreamId(0)).unwrap();
+                    a.free(p).unwrap();
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, replay, pair);
+criterion_main!(benches);
