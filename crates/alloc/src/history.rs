@@ -61,8 +61,8 @@ pub struct History {
     start: Instant,
     /// When set, the time of the next entries (trace replay drives the clock).
     pub manual_time_us: Option<i64>,
-    /// User annotations: (time, name, device).
-    pub annotations: Vec<(i64, String)>,
+    /// User annotations: (time, stage, name).
+    pub annotations: Vec<(i64, String, String)>,
 }
 
 impl Default for History {

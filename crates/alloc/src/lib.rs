@@ -14,7 +14,7 @@
 //! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
 //! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
 //! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
-//! | history (PyTorch's memory trace) | [`history`] |
+//! | history (PyTorch's memory trace) and snapshots | [`history`], [`snapshot`] |
 //! | executable invariants | [`invariants`] |
 //! | errors | [`error`] |
 //!
@@ -34,6 +34,7 @@ pub mod history;
 pub mod invariants;
 pub mod policy;
 pub mod segment;
+pub mod snapshot;
 pub mod stats;
 pub mod summary;
 
@@ -164,6 +165,26 @@ impl CachingAllocator {
     /// The device this allocator serves.
     pub fn device(&self) -> Arc<dyn Device> {
         self.lock().device.clone()
+    }
+    /// `torch.cuda.memory._snapshot()`: state and history in PyTorch's schema.
+    pub fn snapshot(&self) -> cudamem_trace::Trace {
+        self.lock().snapshot()
+    }
+    /// `torch.cuda.memory._record_memory_history(enabled, context, ..., max_entries)`.
+    pub fn record_memory_history(&self, enabled: bool, context: RecordContext, max_entries: usize) {
+        self.lock().record_memory_history(enabled, context, max_entries)
+    }
+    /// Records a user annotation (`START`/`END` of a named region).
+    pub fn annotate(&self, stage: &str, name: &str) {
+        self.lock().annotate(stage, name)
+    }
+    /// Allocates with a caller-supplied stack recorded in the history (e.g. Python frames).
+    pub fn malloc_with_stack(&self, size: u64, stream: StreamId, frames: Vec<Frame>) -> Result<DevicePtr, AllocError> {
+        let mut e = self.lock();
+        e.set_current_stack(Some(frames));
+        let r = e.malloc(size, stream);
+        e.set_current_stack(None);
+        r
     }
     /// Checks every invariant (slow; for tests). See [`invariants`].
     pub fn check_invariants(&self) -> Result<(), String> {
