@@ -27,9 +27,9 @@ fn replay(c: &mut Criterion) {
             g.bench_function(format!("{name}/{policy}"), |b| {
                 b.iter_batched(
                     || new_allocator(&p, &cfg, &opts, policy == "pytorch").unwrap(),
-                    |(sim, alloc)| {
+                    |(target, alloc)| {
                         let mut e = alloc.lock();
-                        run_once(&p, &mut e, &sim, &mut slots, false)
+                        run_once(&p, &mut e, &target, &mut slots, false)
                     },
                     BatchSize::LargeInput,
                 )

@@ -6,6 +6,7 @@ use std::time::Instant;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator, DeviceStats, Engine};
 use cudamem_device::sim::{EventMode, SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, DeviceCounters, StreamId};
+
 use cudamem_trace::Trace;
 
 use crate::program::{Op, Program};
@@ -28,11 +29,26 @@ pub struct ReplayOptions {
     /// Give new segments the trace's recorded addresses (default: when the policy is `pytorch`
     /// with the trace's own settings, the only case where they mean the same thing).
     pub plan_addresses: Option<bool>,
+    /// `sim` (default) or `cuda:N`: the real GPU. On a real GPU each trace stream becomes a
+    /// stream of its own, and a free that waited for other streams (`record_stream`) is freed
+    /// at once, since no kernels run.
+    pub device: String,
+    /// Time warm passes: the timed repeats run on the allocator of the first pass, whose cache
+    /// is full, instead of on fresh ones (what a training loop's second step sees).
+    pub warm: bool,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { policy: "pytorch".into(), config: None, capacity: H200_CAPACITY, repeats: 3, plan_addresses: None }
+        ReplayOptions {
+            policy: "pytorch".into(),
+            config: None,
+            capacity: H200_CAPACITY,
+            repeats: 3,
+            plan_addresses: None,
+            device: "sim".into(),
+            warm: false,
+        }
     }
 }
 
@@ -112,34 +128,92 @@ pub fn effective_config(trace: &Trace, opts: &ReplayOptions) -> Result<Allocator
     Ok(cfg)
 }
 
-/// A fresh simulated device and allocator for replaying `p` (benchmarks build their own runs
-/// from this and [`run_once`]).
-pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Arc<SimDevice>, CachingAllocator), String> {
-    let sim = Arc::new(SimDevice::new(SimConfig {
-        index: p.device,
-        capacity: opts.capacity,
-        event_mode: EventMode::Manual,
-        ..SimConfig::default()
-    }));
-    if plan {
-        sim.plan_addresses(p.segment_addresses.iter().copied());
-    }
-    let dev: Arc<dyn Device> = sim.clone();
-    let alloc = CachingAllocator::with_policy(dev, cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
-    Ok((sim, alloc))
+/// Where a replay runs.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// The simulated GPU (events completed by the replay).
+    Sim(Arc<SimDevice>),
+    /// A real device; trace streams are mapped onto real streams.
+    Real {
+        /// The device.
+        device: Arc<dyn Device>,
+        /// Trace stream -> real stream.
+        streams: Vec<(u64, StreamId)>,
+    },
 }
 
-/// Runs the program once on a fresh allocator; returns (elapsed ns, ooms, stats at the reserved
-/// peak if `capture`). `slots` must have `p.slots` entries.
-pub fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
+impl Target {
+    /// The device behind the target.
+    pub fn device(&self) -> Arc<dyn Device> {
+        match self {
+            Target::Sim(s) => s.clone(),
+            Target::Real { device, .. } => device.clone(),
+        }
+    }
+    #[inline]
+    fn stream(&self, s: u64) -> StreamId {
+        match self {
+            Target::Sim(_) => StreamId(s),
+            Target::Real { streams, .. } => streams.iter().find(|(t, _)| *t == s).map_or(StreamId(0), |x| x.1),
+        }
+    }
+}
+
+fn open_real(name: &str, p: &Program) -> Result<Target, String> {
+    let ordinal: i32 = name
+        .strip_prefix("cuda:")
+        .or(if name == "cuda" { Some("0") } else { None })
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("unknown device '{name}' (use sim or cuda:N)"))?;
+    let dev = cudamem_cuda::CudaDevice::new(ordinal + p.device.max(0)).map_err(|e| e.to_string())?;
+    let mut streams = Vec::new();
+    for op in &p.ops {
+        if let Op::Malloc { stream, .. } = op {
+            if !streams.iter().any(|(t, _)| t == stream) {
+                let real = if *stream == 0 { StreamId(0) } else { dev.create_stream(true).map_err(|e| e.to_string())? };
+                streams.push((*stream, real));
+            }
+        }
+    }
+    Ok(Target::Real { device: Arc::new(dev), streams })
+}
+
+/// A fresh device and allocator for replaying `p` (benchmarks build their own runs from this
+/// and [`run_once`]).
+pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Target, CachingAllocator), String> {
+    let target = if opts.device == "sim" {
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            index: p.device,
+            capacity: opts.capacity,
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        }));
+        if plan {
+            sim.plan_addresses(p.segment_addresses.iter().copied());
+        }
+        Target::Sim(sim)
+    } else {
+        open_real(&opts.device, p)?
+    };
+    let alloc = CachingAllocator::with_policy(target.device(), cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
+    Ok((target, alloc))
+}
+
+/// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if `capture`).
+/// `slots` must have `p.slots` entries; allocations still live at the end stay in `slots`.
+pub fn run_once(p: &Program, e: &mut Engine, target: &Target, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
     slots.iter_mut().for_each(|s| *s = 0);
+    let sim = match target {
+        Target::Sim(s) => Some(&**s),
+        Target::Real { .. } => None,
+    };
     let mut ooms = 0;
     let mut peak: Option<DeviceStats> = None;
     let mut best = -1i64;
     let t = Instant::now();
     for op in &p.ops {
         match *op {
-            Op::Malloc { size, stream, slot } => match e.malloc(size, StreamId(stream)) {
+            Op::Malloc { size, stream, slot } => match e.malloc(size, target.stream(stream)) {
                 Ok(ptr) => {
                     slots[slot as usize] = ptr;
                     if capture && e.stats().reserved_bytes.all().current > best {
@@ -148,40 +222,71 @@ pub fn run_once(p: &Program, e: &mut Engine, sim: &SimDevice, slots: &mut [u64],
                     }
                 }
                 Err(err) if err.is_out_of_memory() => ooms += 1,
-                Err(err) => panic!("replay: device failure on a simulated device: {err}"),
+                Err(err) => panic!("replay: device failure: {err}"),
             },
             Op::Free { slot, deferred } => {
-                let ptr = slots[slot as usize];
+                let ptr = std::mem::take(&mut slots[slot as usize]);
                 if ptr == 0 {
                     continue; // its allocation failed (or was size 0)
                 }
-                if let Some(s) = deferred {
+                if let (Some(s), Some(_)) = (deferred, sim) {
                     let _ = e.record_stream(ptr, StreamId(DEFERRED_STREAM_BASE + s as u64));
                 }
                 e.free(ptr).expect("replay frees only what it allocated");
             }
-            Op::Complete { stream } => sim.complete_stream(StreamId(DEFERRED_STREAM_BASE + stream as u64)),
-            Op::EmptyCache => e.empty_cache().expect("empty_cache on a simulated device"),
+            Op::Complete { stream } => {
+                if let Some(sim) = sim {
+                    sim.complete_stream(StreamId(DEFERRED_STREAM_BASE + stream as u64));
+                }
+            }
+            Op::EmptyCache => e.empty_cache().expect("empty_cache during replay"),
         }
     }
     (t.elapsed().as_nanos() as u64, ooms, peak)
 }
 
+/// Frees what a pass left live (untimed), so that a warm pass starts like the first one.
+fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
+    for s in slots.iter_mut() {
+        if *s != 0 {
+            let _ = e.free(std::mem::take(s));
+        }
+    }
+    e.process_events();
+}
+
 /// Replays one compiled device trace.
 pub fn replay_device(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, trace_own_settings: bool) -> Result<DeviceResult, String> {
-    let plan = opts.plan_addresses.unwrap_or(trace_own_settings && opts.policy == "pytorch");
+    let plan = opts.device == "sim" && opts.plan_addresses.unwrap_or(trace_own_settings && opts.policy == "pytorch");
     let mut slots = vec![0u64; p.slots as usize];
-    let (sim, alloc) = new_allocator(p, cfg, opts, plan)?;
+    let (target, alloc) = new_allocator(p, cfg, opts, plan)?;
     let (ns, ooms, peak) = {
         let mut e = alloc.lock();
-        run_once(p, &mut e, &sim, &mut slots, true)
+        run_once(p, &mut e, &target, &mut slots, true)
     };
     let stats = alloc.stats();
+    let counters = target.device().counters();
     let mut times = vec![ns];
     for _ in 0..opts.repeats {
-        let (sim2, a2) = new_allocator(p, cfg, opts, plan)?;
-        let mut e = a2.lock();
-        times.push(run_once(p, &mut e, &sim2, &mut slots, false).0);
+        if opts.warm {
+            let mut e = alloc.lock();
+            free_leftovers(&mut e, &mut slots);
+            times.push(run_once(p, &mut e, &target, &mut slots, false).0);
+        } else {
+            let (t2, a2) = new_allocator(p, cfg, opts, plan)?;
+            let mut e = a2.lock();
+            times.push(run_once(p, &mut e, &t2, &mut slots, false).0);
+            free_leftovers(&mut e, &mut slots);
+            let _ = e.empty_cache();
+        }
+    }
+    if opts.warm && times.len() > 1 {
+        times.remove(0); // the cold first pass is not a warm figure
+    }
+    {
+        let mut e = alloc.lock();
+        free_leftovers(&mut e, &mut slots);
+        let _ = e.empty_cache(); // give a real GPU its memory back
     }
     times.sort_unstable();
     let median = times[times.len() / 2];
@@ -194,7 +299,7 @@ pub fn replay_device(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, t
         peak_reserved_bytes: stats.reserved_bytes.all().peak as u64,
         device_allocs: stats.num_device_alloc as u64,
         device_frees: stats.num_device_free as u64,
-        device_calls: sim.counters(),
+        device_calls: counters,
         ooms,
         alloc_retries: stats.num_alloc_retries as u64,
         replay_ns_per_op: median as f64 / ops as f64,
@@ -228,6 +333,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, Strin
 /// except in contrived cases; the answer is re-verified by a final replay.
 pub fn fit(trace: &Trace, opts: &ReplayOptions) -> Result<u64, String> {
     const STEP: u64 = 2 << 20;
+    if opts.device != "sim" {
+        return Err("fit searches capacities of the simulated GPU: use --device sim".into());
+    }
     let base = ReplayOptions { repeats: 0, capacity: H200_CAPACITY, plan_addresses: Some(false), ..opts.clone() };
     let full = replay(trace, &base)?;
     if full.total(|d| d.ooms) > 0 {
