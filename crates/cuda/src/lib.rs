@@ -55,7 +55,7 @@
 //!   (`CU_STREAM_PER_THREAD`) or a live stream of this device's primary context.
 //! * **On failure, nothing changes** in the device's own records; `map` undoes its partial work
 //!   (should even that undo fail, the allocation that is still mapped stays recorded, so a later
-//!   `unmap` can release them); a failing `unmap` keeps on record exactly the mappings still
+//!   `unmap` can release it); a failing `unmap` keeps on record exactly the mappings still
 //!   mapped.
 //! * **Dropping** a `CudaDevice` destroys its events and releases its reference to the primary
 //!   context. Segments, reservations and mappings still alive are *not* freed (their pointers may

@@ -1,0 +1,359 @@
+//! What a cache hit costs, against the driver, and how the allocator scales over threads.
+//!
+//! ```text
+//! gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS]
+//! ```
+//!
+//! 1. **Latency** of one allocation + free pair, for 512 B, 64 KiB, 1 MiB, 16 MiB and 64 MiB:
+//!    * cudamem, cache hits (`Allocator::alloc` + drop of the `Buffer`, after a warm-up that
+//!      put a block of that size in the cache), timed in batches of 32 pairs: the figure is
+//!      the median batch's time per pair (the clock is read once per batch, so its own cost
+//!      does not swamp a ~100 ns pair);
+//!    * `cuMemAlloc` + `cuMemFree`, each pair timed on its own, median;
+//!    * `cuMemAllocAsync` + `cuMemFreeAsync` on one non-blocking stream, from the device's
+//!      default memory pool with its release threshold raised to `u64::MAX` (freed memory stays
+//!      in the pool, the driver's own caching), each pair timed on its own, median.
+//! 2. **Throughput** over threads: T = 1, 2, 4, 8 threads share one allocator; each allocates
+//!    and frees on its own stream, mixed sizes (512 B to 16 MiB, up to four live at once), all
+//!    cache hits after a warm-up, for a fixed time. Reported: alloc+free pairs per second, all
+//!    threads together, and the ratio to one thread. (One mutex guards a device's allocator, as
+//!    in PyTorch, so the aggregate does not grow with threads; the ratio says what contention
+//!    costs.)
+//!
+//! Prints two markdown tables, then one JSON line per figure. Without a CUDA device (or with
+//! `--device sim`) the cudamem figures are measured on the simulated device, which says so, and
+//! the driver columns are "n/a".
+
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use cudamem::cudarc::driver::sys::{self, CUmemPool_attribute, CUmemoryPool, CUstream};
+use cudamem::{Allocator, Buffer, CudaDevice, Device, DeviceError, Stream};
+use cudamem_cuda::{check, check_alloc};
+
+const SIZES: [usize; 5] = [512, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
+const BATCH: usize = 64;
+const THREADS: [usize; 4] = [1, 2, 4, 8];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Median and mean ns per cache-hit pair of `size` bytes.
+fn cudamem_pairs(a: &Allocator, size: usize, iters: usize) -> Result<(f64, f64), cudamem::Error> {
+    // Warm-up: the block is in the cache, the code and data are hot.
+    for _ in 0..200 {
+        drop(a.alloc(size, Stream::DEFAULT)?);
+    }
+    let batches = iters.div_ceil(BATCH).max(5);
+    let mut per_pair = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            let b = a.alloc(size, Stream::DEFAULT)?;
+            std::hint::black_box(b.device_ptr());
+            drop(b);
+        }
+        per_pair.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+    }
+    let m = mean(&per_pair);
+    Ok((median(per_pair), m))
+}
+
+/// Median ns per `cuMemAlloc` + `cuMemFree` pair (context current).
+fn driver_sync_pairs(size: usize, iters: usize) -> Result<f64, DeviceError> {
+    let mut ns = Vec::with_capacity(iters);
+    for i in 0..10 + iters {
+        let mut p: sys::CUdeviceptr = 0;
+        let t = Instant::now();
+        // SAFETY: the caller made the device's context current; `p` is a valid out-pointer; the
+        // allocation is freed right away and never touched.
+        unsafe {
+            check_alloc(sys::cuMemAlloc_v2(&mut p, size), "cuMemAlloc", size as u64)?;
+            check(sys::cuMemFree_v2(p), "cuMemFree")?;
+        }
+        if i >= 10 {
+            ns.push(t.elapsed().as_nanos() as f64);
+        }
+    }
+    Ok(median(ns))
+}
+
+/// Median ns per `cuMemAllocAsync` + `cuMemFreeAsync` pair on `stream` (context current).
+fn driver_async_pairs(size: usize, iters: usize, stream: CUstream) -> Result<f64, DeviceError> {
+    let mut ns = Vec::with_capacity(iters);
+    for i in 0..10 + iters {
+        let mut p: sys::CUdeviceptr = 0;
+        let t = Instant::now();
+        // SAFETY: as in `driver_sync_pairs`; both calls are ordered on the live `stream`.
+        unsafe {
+            check_alloc(
+                sys::cuMemAllocAsync(&mut p, size, stream),
+                "cuMemAllocAsync",
+                size as u64,
+            )?;
+            check(sys::cuMemFreeAsync(p, stream), "cuMemFreeAsync")?;
+        }
+        if i >= 10 {
+            ns.push(t.elapsed().as_nanos() as f64);
+        }
+    }
+    // SAFETY: `stream` is a live stream of the current context.
+    let r = unsafe { sys::cuStreamSynchronize(stream) };
+    check(r, "cuStreamSynchronize")?;
+    Ok(median(ns))
+}
+
+/// The driver's figures for every size: `(cuMemAlloc pair, cuMemAllocAsync pair)` medians.
+fn driver_figures(
+    d: &CudaDevice,
+    stream: Stream,
+    iters: usize,
+) -> Result<Vec<(f64, f64)>, DeviceError> {
+    let raw = stream.as_cu_stream();
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    let out = d.with_current(|| -> Result<Vec<(f64, f64)>, DeviceError> {
+        let mut threshold: u64 = u64::MAX;
+        // SAFETY: valid device and out-pointer; the attribute value is a u64 that outlives the
+        // call.
+        unsafe {
+            check(
+                sys::cuDeviceGetDefaultMemPool(&mut pool, d.cu_device()),
+                "cuDeviceGetDefaultMemPool",
+            )?;
+            check(
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                ),
+                "cuMemPoolSetAttribute",
+            )?;
+        }
+        let mut v = Vec::new();
+        for size in SIZES {
+            v.push((
+                driver_sync_pairs(size, iters)?,
+                driver_async_pairs(size, iters, raw)?,
+            ));
+        }
+        // SAFETY: `pool` is the device's default pool; trimming returns only idle memory.
+        check(unsafe { sys::cuMemPoolTrimTo(pool, 0) }, "cuMemPoolTrimTo")?;
+        Ok(v)
+    })??;
+    Ok(out)
+}
+
+/// Pairs per second of `threads` threads sharing `a`, each on its own stream, for `dur`.
+fn throughput(a: &Allocator, streams: &[Stream], threads: usize, dur: Duration) -> f64 {
+    const MIX: [usize; 8] = [
+        512,
+        4 << 10,
+        64 << 10,
+        512 << 10,
+        1 << 20,
+        4 << 20,
+        16 << 20,
+        2 << 10,
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (a, stop, start, stream) = (a.clone(), stop.clone(), start.clone(), streams[t]);
+            std::thread::spawn(move || {
+                let mut live: Vec<Buffer> = Vec::with_capacity(4);
+                // Warm-up: every size of the mix in this stream's cache.
+                for _ in 0..4 {
+                    let bufs: Vec<_> = MIX.iter().map(|&s| a.alloc(s, stream).unwrap()).collect();
+                    drop(bufs);
+                }
+                start.wait();
+                let mut pairs = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..64 {
+                        live.push(a.alloc(MIX[i % MIX.len()], stream).unwrap());
+                        if live.len() == 4 {
+                            live.swap_remove(i % 4);
+                        }
+                        i = i.wrapping_mul(5).wrapping_add(1) % 1_000_003;
+                        pairs += 1;
+                    }
+                }
+                drop(live);
+                pairs
+            })
+        })
+        .collect();
+    start.wait();
+    let t = Instant::now();
+    std::thread::sleep(dur);
+    stop.store(true, Ordering::Relaxed);
+    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    total as f64 / t.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let mut device = "auto".to_string();
+    let mut iters = 2000usize;
+    let mut duration_ms = 1000u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next();
+        let ok = match flag.as_str() {
+            "--device" => value.map(|v| device = v).is_some(),
+            "--iters" => value
+                .and_then(|v| v.parse().ok())
+                .map(|v| iters = v)
+                .is_some(),
+            "--duration-ms" => value
+                .and_then(|v| v.parse().ok())
+                .map(|v| duration_ms = v)
+                .is_some(),
+            _ => false,
+        };
+        if !ok {
+            eprintln!("usage: gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS]");
+            std::process::exit(2);
+        }
+    }
+    let a = match Allocator::new(&device) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = run(&a, iters, Duration::from_millis(duration_ms)) {
+        eprintln!("gpu_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn fmt_ns(x: Option<f64>) -> String {
+    x.map_or("n/a".to_string(), |v| format!("{v:.0}"))
+}
+
+fn json_num(x: Option<f64>) -> String {
+    x.map_or("null".to_string(), |v| format!("{v:.1}"))
+}
+
+fn run(a: &Allocator, iters: usize, dur: Duration) -> Result<(), Box<dyn std::error::Error>> {
+    let dev = a.device_name();
+    let (_, total) = a.mem_get_info()?;
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("# gpu_bench on {dev}");
+    if a.is_cuda() {
+        let d = a.cuda_device().unwrap();
+        println!(
+            "device {dev}: {:.1} GiB, VMM granularity {} B; {cpus} CPU(s); policy {}",
+            total as f64 / (1u64 << 30) as f64,
+            d.granularity(),
+            a.policy_name()
+        );
+    } else {
+        let why = cudamem_cuda::unavailable_reason().unwrap_or_else(|| "--device sim".into());
+        println!(
+            "NOTE: no CUDA device used ({why}); cudamem figures are on the SIMULATED device, \
+             driver columns are n/a. {cpus} CPU(s)."
+        );
+    }
+
+    // 1. Latency.
+    let mut ours = Vec::new();
+    for size in SIZES {
+        ours.push(cudamem_pairs(a, size, iters)?);
+    }
+    let drv: Vec<(Option<f64>, Option<f64>)> = match a.cuda_device() {
+        Some(d) => {
+            let s = a.create_stream()?;
+            let drv_iters = (iters / 10).clamp(50, 500);
+            driver_figures(d, s, drv_iters)?
+                .into_iter()
+                .map(|(x, y)| (Some(x), Some(y)))
+                .collect()
+        }
+        None => vec![(None, None); SIZES.len()],
+    };
+    println!();
+    println!("## alloc+free pair latency, ns (median; cudamem: cache hits, batches of {BATCH})");
+    println!();
+    println!(
+        "| size | cudamem ({dev}) | cuMemAlloc+cuMemFree | cuMemAllocAsync+cuMemFreeAsync (pool, threshold max) | cuMemAlloc / cudamem | cuMemAllocAsync / cudamem |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let mut json = Vec::new();
+    for (i, size) in SIZES.iter().enumerate() {
+        let (med, mean_ns) = ours[i];
+        let (sync, asy) = drv[i];
+        let ratio = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.0}x", v / med));
+        println!(
+            "| {} | {med:.0} | {} | {} | {} | {} |",
+            human(*size),
+            fmt_ns(sync),
+            fmt_ns(asy),
+            ratio(sync),
+            ratio(asy)
+        );
+        json.push(format!(
+            "{{\"bench\":\"gpu_bench\",\"figure\":\"pair_latency_ns\",\"device\":\"{dev}\",\"size\":{size},\
+             \"cudamem_median_ns\":{med:.1},\"cudamem_mean_ns\":{mean_ns:.1},\
+             \"cuMemAlloc_cuMemFree_median_ns\":{},\"cuMemAllocAsync_cuMemFreeAsync_median_ns\":{}}}",
+            json_num(sync),
+            json_num(asy)
+        ));
+    }
+
+    // 2. Throughput over threads.
+    let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
+        .map(|_| a.create_stream())
+        .collect::<Result<_, _>>()?;
+    let mut rows = Vec::new();
+    for &t in &THREADS {
+        rows.push((t, throughput(a, &streams, t, dur)));
+    }
+    let base = rows[0].1;
+    println!();
+    println!(
+        "## throughput: threads sharing one allocator, own streams, mixed sizes, cache hits, {} ms each",
+        dur.as_millis()
+    );
+    println!();
+    println!("| threads | alloc+free pairs/s (all threads) | ratio to 1 thread |");
+    println!("|---:|---:|---:|");
+    for &(t, ops) in &rows {
+        println!("| {t} | {ops:.0} | {:.2} |", ops / base);
+        json.push(format!(
+            "{{\"bench\":\"gpu_bench\",\"figure\":\"throughput_pairs_per_s\",\"device\":\"{dev}\",\
+             \"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
+            ops / base,
+            dur.as_millis()
+        ));
+    }
+    a.check_invariants()?;
+    println!();
+    for line in json {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn human(b: usize) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
