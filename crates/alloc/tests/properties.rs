@@ -46,6 +46,7 @@ const CONFIGS: &[(&str, &str)] = &[
     ("pytorch", "garbage_collection_threshold:0.6"),
     ("cudamem", ""),
     ("cudamem", "max_split_size_mb:24"),
+    ("cudamem-compact", ""),
 ];
 
 fn run(steps: &[Step], (policy, cfg): (&str, &str), capacity: u64, fault_seed: Option<u64>) -> Result<(), TestCaseError> {

@@ -173,6 +173,7 @@ fn cmd_replay(path: &PathBuf, policy: String, config: Option<String>, capacity: 
         capacity: capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
         repeats,
         plan_addresses: None,
+        ..ReplayOptions::default()
     };
     let r = cudamem_replay::replay(&trace, &opts)?;
     if json {

@@ -61,7 +61,7 @@ pub trait Policy: Send + Sync + fmt::Debug {
 }
 
 /// The policy names the command line and the APIs accept.
-pub const POLICY_NAMES: &[&str] = &["pytorch", "pytorch-expandable", "cudamem"];
+pub const POLICY_NAMES: &[&str] = &["cudamem", "cudamem-compact", "pytorch", "pytorch-expandable"];
 
 /// The policy of a name, and the config changes that name implies (`pytorch-expandable` is
 /// PyTorch's policy with `expandable_segments:True`).
@@ -72,7 +72,8 @@ pub fn by_name(name: &str, cfg: &mut AllocatorConfig) -> Result<Box<dyn Policy>,
             cfg.expandable_segments = true;
             Ok(Box::new(PytorchPolicy))
         }
-        "cudamem" => Ok(Box::new(CudamemPolicy::default())),
+        "cudamem" => Ok(Box::new(CudamemPolicy { compact: false })),
+        "cudamem-compact" => Ok(Box::new(CudamemPolicy { compact: true })),
         other => Err(format!("unknown policy '{other}' (known: {})", POLICY_NAMES.join(", "))),
     }
 }
