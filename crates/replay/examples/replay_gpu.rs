@@ -25,8 +25,17 @@ fn main() {
     for path in &paths {
         let trace = cudamem_trace::read_path(path).expect("trace loads");
         let name = path.file_name().unwrap().to_string_lossy().replace(".pickle.gz", "");
-        for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
-            let base = ReplayOptions { policy: policy.into(), repeats: 5, warm: true, plan_addresses: Some(false), ..ReplayOptions::default() };
+        for policy in ["pytorch", "pytorch-expandable", "cudamem", "cudamem-compact"] {
+            // Deferred frees off on both sides: a real device cannot hold a stream back until a
+            // trace's free_completed, so both replay such frees at once.
+            let base = ReplayOptions {
+                policy: policy.into(),
+                repeats: 5,
+                warm: true,
+                plan_addresses: Some(false),
+                deferred_frees: false,
+                ..ReplayOptions::default()
+            };
             let s = replay(&trace, &base).expect("sim replay");
             let sd = &s.devices[0];
             let (cp, ca, cns, agree) = if gpu {

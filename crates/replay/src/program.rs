@@ -56,13 +56,15 @@ pub struct Program {
     pub trace_device_allocs: u64,
     /// Frees whose allocation the trace does not contain (recorded before history started).
     pub unmatched_frees: u64,
+    /// Whether deferred frees wait for their `free_completed` (see `ReplayOptions`).
+    pub deferred_frees: bool,
 }
 
 impl Program {
     /// Compiles one device's events.
     pub fn compile(dt: &DeviceTrace) -> Program {
         let ev = &dt.events;
-        let mut p = Program { device: dt.device, ..Program::default() };
+        let mut p = Program { device: dt.device, deferred_frees: true, ..Program::default() };
         let mut live: HashMap<u64, u32> = HashMap::new();
         // Deferred frees waiting for their free_completed: address -> replay stream.
         let mut pending: HashMap<u64, u32> = HashMap::new();

@@ -36,6 +36,10 @@ pub struct ReplayOptions {
     /// Time warm passes: the timed repeats run on the allocator of the first pass, whose cache
     /// is full, instead of on fresh ones (what a training loop's second step sees).
     pub warm: bool,
+    /// Keep a block whose free waited on other streams unavailable until its `free_completed`
+    /// (default). A real device cannot hold a stream back until then, so there such frees take
+    /// effect at once; turn this off to replay the simulated device the same way.
+    pub deferred_frees: bool,
 }
 
 impl Default for ReplayOptions {
@@ -48,6 +52,7 @@ impl Default for ReplayOptions {
             plan_addresses: None,
             device: "sim".into(),
             warm: false,
+            deferred_frees: true,
         }
     }
 }
@@ -204,8 +209,8 @@ pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, p
 pub fn run_once(p: &Program, e: &mut Engine, target: &Target, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
     slots.iter_mut().for_each(|s| *s = 0);
     let sim = match target {
-        Target::Sim(s) => Some(&**s),
-        Target::Real { .. } => None,
+        Target::Sim(s) if p.deferred_frees => Some(&**s),
+        _ => None,
     };
     let mut ooms = 0;
     let mut peak: Option<DeviceStats> = None;
@@ -257,6 +262,9 @@ fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
 
 /// Replays one compiled device trace.
 pub fn replay_device(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, trace_own_settings: bool) -> Result<DeviceResult, String> {
+    let mut p = p.clone();
+    p.deferred_frees = opts.deferred_frees;
+    let p = &p;
     let plan = opts.device == "sim" && opts.plan_addresses.unwrap_or(trace_own_settings && opts.policy == "pytorch");
     let mut slots = vec![0u64; p.slots as usize];
     let (target, alloc) = new_allocator(p, cfg, opts, plan)?;
