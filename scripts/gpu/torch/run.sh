@@ -17,44 +17,49 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=scripts/gpu/torch
 
+main() {
+    start=$(date +%s)
+    step() { echo; echo "===== $1  (t=$(( $(date +%s) - start ))s)"; }
+
+    step "setup"
+    wheel=$(ls -t gpu-out/cudamem-*.whl 2>/dev/null | head -n 1)
+    if [ -z "$wheel" ]; then
+        echo "no gpu-out/cudamem-*.whl: run scripts/gpu/torch/build.sh on the development machine first"
+        return 1
+    fi
+    echo "wheel: $wheel"
+    cat gpu-out/MANIFEST-torch.txt 2>/dev/null
+    rm -rf /tmp/site/cudamem /tmp/site/cudamem-*.dist-info
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || return 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    # A fresh shim cache, so that step (a) really compiles (and shows compiler errors).
+    export CUDAMEM_CACHE_DIR=/tmp/cudamem-cache-$$
+    unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+    echo "compiler: $(command -v "${CXX:-g++}" || echo none) $(${CXX:-g++} --version 2>/dev/null | head -n 1)"
+
+    rc=0
+    step "(a) compile the torch shim"
+    timeout 180 python3 $here/shim_check.py || { echo "shim check FAILED (rc=$?)"; rc=1; }
+
+    step "(b, c) examples, out of memory, hooks"
+    timeout 240 python3 $here/examples.py || { echo "examples FAILED (rc=$?)"; rc=1; }
+
+    step "(d) workloads: native vs cudamem"
+    # Seconds left for the workloads: the whole script must stay within ~8 minutes.
+    left=$(( 450 - ($(date +%s) - start) ))
+    [ "$left" -gt 60 ] || left=60
+    timeout $(( left + 30 )) python3 $here/workloads.py --budget "$left" ${OUT:+--out "$OUT"} || { echo "workloads FAILED (rc=$?)"; rc=1; }
+
+    step "done (rc=$rc)"
+    rm -rf "$CUDAMEM_CACHE_DIR"
+    return $rc
+}
+
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
-    exec > >(tee "$OUT/torch-log.txt") 2>&1
+    main 2>&1 | tee "$OUT/torch-log.txt"
+    exit "${PIPESTATUS[0]}"
 fi
-start=$(date +%s)
-step() { echo; echo "===== $1  (t=$(( $(date +%s) - start ))s)"; }
-
-step "setup"
-wheel=$(ls -t gpu-out/cudamem-*.whl 2>/dev/null | head -n 1)
-if [ -z "$wheel" ]; then
-    echo "no gpu-out/cudamem-*.whl: run scripts/gpu/torch/build.sh on the development machine first"
-    exit 1
-fi
-echo "wheel: $wheel"
-cat gpu-out/MANIFEST-torch.txt 2>/dev/null
-rm -rf /tmp/site/cudamem /tmp/site/cudamem-*.dist-info
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-# A fresh shim cache, so that step (a) really compiles (and shows compiler errors).
-export CUDAMEM_CACHE_DIR=/tmp/cudamem-cache-$$
-unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-echo "compiler: $(command -v "${CXX:-g++}" || echo none) $(${CXX:-g++} --version 2>/dev/null | head -n 1)"
-
-rc=0
-step "(a) compile the torch shim"
-timeout 180 python3 $here/shim_check.py || { echo "shim check FAILED (rc=$?)"; rc=1; }
-
-step "(b, c) examples, out of memory, hooks"
-timeout 240 python3 $here/examples.py || { echo "examples FAILED (rc=$?)"; rc=1; }
-
-step "(d) workloads: native vs cudamem"
-# Seconds left for the workloads: the whole script must stay within ~8 minutes.
-left=$(( 450 - ($(date +%s) - start) ))
-[ "$left" -gt 60 ] || left=60
-timeout $(( left + 30 )) python3 $here/workloads.py --budget "$left" ${OUT:+--out "$OUT"} || { echo "workloads FAILED (rc=$?)"; rc=1; }
-
-step "done (rc=$rc)"
-rm -rf "$CUDAMEM_CACHE_DIR"
-exit $rc
+main

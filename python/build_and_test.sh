@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the Python package `cudamem` (a wheel, with maturin) and runs its tests on the
+# simulated GPU. No GPU and no torch needed. Used by CI (.ci/run via scripts/test-all.sh).
+#
+#   bash python/build_and_test.sh            # venv in target/pyenv, wheel in target/wheels
+#
+# Environment:
+#   PYTHON          the interpreter to create the venv with (default: python3; >= 3.9)
+#   CUDAMEM_PYENV   the venv to use or create (default: target/pyenv)
+#   PYTEST_ARGS     extra pytest arguments (e.g. "-k shim -x")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+venv=${CUDAMEM_PYENV:-target/pyenv}
+wheels=target/wheels
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "== creating the virtual environment $venv"
+    "$PYTHON" -m venv "$venv"
+fi
+py="$(cd "$venv/bin" && pwd)/python"  # absolute (not resolved: it must stay the venv's)
+if ! "$py" -c 'import maturin, pytest' 2>/dev/null && ! { [ -x "$(dirname "$py")/maturin" ] && "$py" -c 'import pytest' 2>/dev/null; }; then
+    echo "== installing maturin and pytest"
+    "$py" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" pytest
+fi
+
+echo "== building the wheel"
+rm -f "$wheels"/cudamem-*.whl
+"$(dirname "$py")/maturin" build --release --strip -m python/Cargo.toml -o "$wheels" -i "$py"
+wheel=$(ls -t "$wheels"/cudamem-*.whl | head -n 1)
+echo "built $wheel ($(du -h "$wheel" | cut -f1))"
+
+echo "== installing it"
+"$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+
+echo "== testing it (CUDAMEM_DEVICE=sim)"
+# Run from the tests folder so that `import cudamem` is the installed wheel, not the source tree.
+cd python/tests
+CUDAMEM_DEVICE=sim exec "$py" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} .

@@ -1,0 +1,276 @@
+"""cudamem: PyTorch's CUDA caching allocator, re-implemented in Rust.
+
+Setup for PyTorch is one call, before the first CUDA tensor::
+
+    import cudamem.torch
+    cudamem.torch.install()          # policy="cudamem" unless CUDAMEM_POLICY says otherwise
+
+    import torch
+    x = torch.randn(1024, 1024, device="cuda")   # served by cudamem
+    print(cudamem.memory_summary())
+
+Design
+------
+The package is one shared library, ``cudamem/_cudamem.abi3.so`` (Rust, pyo3), with two faces:
+
+* the Python functions of this module, which mirror ``torch.cuda``'s memory API
+  (``memory_allocated``, ``memory_stats`` with the same 122 keys, ``memory_summary`` with the
+  same table, ``empty_cache``, ``set_per_process_memory_fraction``, ...), plus ``malloc`` /
+  ``free`` / ``record_stream`` for use without torch;
+* a C ABI (``cudamem_malloc``, ``cudamem_free``, ``cudamem_empty_cache``, ...) that PyTorch's
+  ``CUDAPluggableAllocator`` calls for every CUDA tensor once :func:`cudamem.torch.install`
+  has run (see :mod:`cudamem.torch`).
+
+Both act on the same process-global allocators: one per device ordinal, created on first use,
+never shared between devices. The device is the GPU of that ordinal, or a simulated GPU when
+``CUDAMEM_DEVICE=sim`` (or ``sim:<size>``, e.g. ``sim:8GiB``) — that is how the tests run
+without a GPU. The configuration comes from ``CUDAMEM_ALLOC_CONF`` (else
+``PYTORCH_CUDA_ALLOC_CONF``; same syntax as PyTorch's) and the policy from ``CUDAMEM_POLICY``
+(``cudamem``, the default; ``pytorch``, PyTorch's exact algorithm; ``pytorch-expandable``), or
+from :func:`configure` / ``install(policy=..., config=...)`` before the first allocation.
+
+``device`` arguments accept what torch's do: ``None`` (the current device: torch's current
+device when torch is imported and CUDA initialised, else 0), an int, ``"cuda"``, ``"cuda:1"`` or a
+``torch.device``.
+
+Errors: out of memory raises :class:`OutOfMemoryError` (a ``RuntimeError``; when torch has been
+imported the raised object is also a ``torch.OutOfMemoryError``) carrying PyTorch's message
+("CUDA out of memory. Tried to allocate ...") and cudamem's diagnosis (largest free cached
+block, fragmentation). Bad arguments and bad configuration strings raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from typing import Any, Optional, Tuple
+
+from . import _cudamem
+
+__all__ = [
+    "OutOfMemoryError",
+    "malloc",
+    "free",
+    "record_stream",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+    "mem_get_info",
+    "set_per_process_memory_fraction",
+    "configure",
+    "info",
+    "library_path",
+]
+
+__version__ = _cudamem.__version__
+
+
+class OutOfMemoryError(RuntimeError):
+    """The device has not enough free memory for an allocation, even after cudamem released
+    its cache and retried. The message is PyTorch's, followed by cudamem's diagnosis."""
+
+
+_torch_oom_class = None
+
+
+def _oom_class():
+    """The class to raise for out-of-memory: ``OutOfMemoryError``, or, once torch is imported,
+    a subclass of both it and ``torch.OutOfMemoryError`` (so either ``except`` catches it)."""
+    global _torch_oom_class
+    torch = sys.modules.get("torch")
+    base = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if not isinstance(base, type) or not issubclass(base, BaseException) or issubclass(OutOfMemoryError, base):
+        return OutOfMemoryError
+    if _torch_oom_class is None or base not in _torch_oom_class.__mro__:
+        try:
+            _torch_oom_class = type(
+                "OutOfMemoryError",
+                (OutOfMemoryError, base),
+                {"__module__": __name__, "__doc__": OutOfMemoryError.__doc__},
+            )
+        except TypeError:  # an incompatible layout: keep the plain class
+            return OutOfMemoryError
+    return _torch_oom_class
+
+
+_cudamem._set_oom_class_factory(_oom_class)
+
+
+def _current_device() -> int:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:  # a partial or stub torch module: fall back to 0
+            pass
+    return 0
+
+
+def _device_index(device: Any, name: str = "device") -> int:
+    """Resolves a torch-style device argument to an ordinal (ValueError when it is not one)."""
+    if device is None:
+        return _current_device()
+    if isinstance(device, bool):
+        raise ValueError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got {device!r}")
+    if isinstance(device, int):
+        index = device
+    elif isinstance(device, str) or (hasattr(device, "type") and hasattr(device, "index")):
+        if isinstance(device, str):
+            text = device.strip()
+            kind, _, num = text.partition(":")
+            if text.isdigit():
+                kind, num = "cuda", text
+        else:
+            kind, num = str(device.type), "" if device.index is None else str(device.index)
+        if kind != "cuda":
+            raise ValueError(f"{name} must be a CUDA device, got {device!r}")
+        if num == "":
+            return _current_device()
+        if not num.isdigit():
+            raise ValueError(f"{name}: invalid device ordinal in {device!r}")
+        index = int(num)
+    else:
+        raise ValueError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got {device!r}")
+    if not 0 <= index < _cudamem.MAX_DEVICES:
+        raise ValueError(f"invalid {name} {index}: device must be an ordinal in [0, {_cudamem.MAX_DEVICES})")
+    return index
+
+
+# --------------------------------------------------------------------------------------------
+# Raw allocation (no torch needed)
+# --------------------------------------------------------------------------------------------
+
+
+def malloc(size: int, device: Any = 0, stream: int = 0) -> int:
+    """Allocates ``size`` bytes on ``device`` for use on ``stream`` (a raw ``cudaStream_t``
+    value such as ``torch.cuda.current_stream().cuda_stream``; 0 is the default stream).
+    Returns the device address (0 for size 0). Raises :class:`OutOfMemoryError`."""
+    return _cudamem.malloc(size, _device_index(device), stream)
+
+
+def free(ptr: int, device: Any = 0) -> None:
+    """Frees an address returned by :func:`malloc` on the same device (ValueError for an
+    address cudamem did not hand out there)."""
+    _cudamem.free(ptr, _device_index(device))
+
+
+def record_stream(ptr: int, stream: int, device: Any = 0) -> None:
+    """Marks the allocation at ``ptr`` as used on ``stream`` too: when freed, it is reused only
+    after the work queued on ``stream`` by then has completed (PyTorch's ``record_stream``)."""
+    _cudamem.record_stream(ptr, stream, _device_index(device))
+
+
+# --------------------------------------------------------------------------------------------
+# torch.cuda's memory API
+# --------------------------------------------------------------------------------------------
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently allocated to tensors (rounded block sizes), like
+    ``torch.cuda.memory_allocated``."""
+    return _cudamem.memory_allocated(_device_index(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or the last :func:`reset_peak_memory_stats`."""
+    return _cudamem.max_memory_allocated(_device_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes held from the device (allocated plus cached)."""
+    return _cudamem.memory_reserved(_device_index(device))
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved`."""
+    return _cudamem.max_memory_reserved(_device_index(device))
+
+
+def memory_stats(device: Any = None) -> "collections.OrderedDict[str, int]":
+    """PyTorch's 122 statistics (``allocated_bytes.all.current``, ``num_ooms``, ...), sorted
+    by key, as ``torch.cuda.memory_stats`` returns them. All zero before the device's first
+    allocation (and reading them opens no device)."""
+    stats = _cudamem.memory_stats(_device_index(device))
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict:
+    """The statistics as nested dicts (``{"allocated_bytes": {"all": {"current": ...}}}``)."""
+    nested: dict = {}
+    for key, value in memory_stats(device).items():
+        parts = key.split(".")
+        node = nested
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """PyTorch's ``memory_summary()`` table ("PyTorch CUDA memory summary, device ID N")."""
+    return _cudamem.memory_summary(_device_index(device), bool(abbreviated))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Sets every peak statistic to its current value."""
+    _cudamem.reset_peak_memory_stats(_device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zeroes the accumulated statistics (allocated/freed totals, retries, OOM counts, ...)."""
+    _cudamem.reset_accumulated_memory_stats(_device_index(device))
+
+
+def empty_cache(device: Any = None) -> None:
+    """Returns unused cached memory to the device. Without an argument it does so on every
+    device, as ``torch.cuda.empty_cache()`` does; with one, on that device only."""
+    _cudamem.empty_cache(None if device is None else _device_index(device))
+
+
+def mem_get_info(device: Any = None) -> Tuple[int, int]:
+    """``(free, total)`` bytes of the device, as ``cudaMemGetInfo`` reports them."""
+    return tuple(_cudamem.mem_get_info(_device_index(device)))  # type: ignore[return-value]
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Limits cudamem on ``device`` to ``fraction`` (a float in [0, 1]) of the device's memory;
+    allocations beyond it raise :class:`OutOfMemoryError`."""
+    _cudamem.set_per_process_memory_fraction(fraction, _device_index(device))
+
+
+def configure(policy: Optional[str] = None, config: Optional[str] = None) -> None:
+    """Chooses the policy (``"cudamem"``, ``"pytorch"``, ``"pytorch-expandable"``) and/or the
+    configuration string (``PYTORCH_CUDA_ALLOC_CONF`` syntax, e.g.
+    ``"expandable_segments:True,max_split_size_mb:512"``) for the allocators not yet created,
+    overriding ``CUDAMEM_POLICY`` / ``CUDAMEM_ALLOC_CONF``. A bad value raises ``ValueError``;
+    a change after the first allocation raises ``RuntimeError``."""
+    _cudamem.configure(policy, config)
+
+
+def info() -> dict:
+    """What cudamem runs on: the device kind, the policy and configuration of new allocators,
+    each existing allocator (device, policy, config), the error mode of the C ABI, and the
+    count of ignored frees of unknown pointers."""
+    return _cudamem.info()
+
+
+def library_path() -> str:
+    """The path of the shared library exporting the C ABI (``cudamem_malloc``, ...)."""
+    return _cudamem.__file__
+
+
+def __getattr__(name: str):
+    # `cudamem.torch` without importing torch (or the submodule) when cudamem is imported.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(__name__ + ".torch")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

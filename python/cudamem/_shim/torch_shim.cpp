@@ -1,0 +1,84 @@
+// cudamem's shim between PyTorch's CUDAPluggableAllocator and the Rust allocator.
+//
+// Why it exists: PyTorch calls the pluggable allocator's alloc function from C++ and trusts
+// whatever it returns; a NULL becomes a tensor on a null pointer. PyTorch's own allocator
+// reports out-of-memory by throwing c10::OutOfMemoryError, which the Python bindings turn into
+// torch.OutOfMemoryError. A Rust function cannot throw a C++ exception, so this file does it:
+//
+//   cudamem_torch_malloc(size, device, stream)
+//     -> cudamem_malloc_or_error(size, device, stream, msg, sizeof msg)     (Rust; never throws)
+//     -> NULL with size > 0: throw c10::OutOfMemoryError(msg)  (kind 1: out of memory)
+//                            throw c10::Error(msg)             (any other failure)
+//   cudamem_torch_free(...) -> cudamem_free(...)                             (Rust)
+//
+// The Rust functions are not linked: cudamem.torch.install() passes their addresses (read
+// with ctypes from the loaded extension module) to cudamem_torch_shim_init before the
+// allocator is used. Only c10/util/Exception.h and libc10 are needed from PyTorch.
+//
+// Built by cudamem.torch.build_shim():
+//   g++ -O2 -shared -fPIC -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=<torch's> -I<torch includes>
+//       torch_shim.cpp -o torch_shim.so -L<torch/lib> -lc10 -Wl,-rpath,<torch/lib>
+
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+// Identical to CUDA's own typedef, so that including cuda_runtime.h as well stays valid.
+typedef struct CUstream_st* cudaStream_t;
+
+namespace {
+
+using MallocOrErrorFn = void* (*)(size_t, int, cudaStream_t, char*, size_t);
+using FreeFn = void (*)(void*, size_t, int, cudaStream_t);
+using ErrorKindFn = int (*)();
+
+// Set once by cudamem_torch_shim_init, before PyTorch can call the functions below.
+MallocOrErrorFn g_malloc_or_error = nullptr;
+FreeFn g_free = nullptr;
+ErrorKindFn g_last_error_kind = nullptr;
+
+constexpr int kShimAbiVersion = 1;  // cudamem.torch.SHIM_ABI_VERSION
+constexpr int kErrOutOfMemory = 1;  // ffi::ERR_OOM
+constexpr size_t kMessageCapacity = 8192;
+
+}  // namespace
+
+extern "C" {
+
+// Returns the shim's interface version, which cudamem.torch checks.
+int cudamem_torch_shim_init(void* malloc_or_error, void* free_fn, void* last_error_kind) {
+  g_malloc_or_error = reinterpret_cast<MallocOrErrorFn>(malloc_or_error);
+  g_free = reinterpret_cast<FreeFn>(free_fn);
+  g_last_error_kind = reinterpret_cast<ErrorKindFn>(last_error_kind);
+  return kShimAbiVersion;
+}
+
+// PyTorch's alloc function: void* alloc(size_t size, int device, cudaStream_t stream).
+void* cudamem_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  TORCH_CHECK(
+      g_malloc_or_error != nullptr,
+      "cudamem: the torch shim is not initialised (use cudamem.torch.install())");
+  char message[kMessageCapacity];
+  message[0] = '\0';
+  void* ptr = g_malloc_or_error(size, device, stream, message, sizeof message);
+  if (ptr == nullptr && size > 0) {
+    const std::string text(message[0] != '\0' ? message : "cudamem: allocation failed");
+    const int kind = g_last_error_kind != nullptr ? g_last_error_kind() : kErrOutOfMemory;
+    if (kind == kErrOutOfMemory) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, text);
+    }
+    TORCH_CHECK(false, text);
+  }
+  return ptr;
+}
+
+// PyTorch's free function: void free(void* ptr, size_t size, int device, cudaStream_t stream).
+void cudamem_torch_free(void* ptr, size_t size, int device, cudaStream_t stream) {
+  if (g_free != nullptr) {
+    g_free(ptr, size, device, stream);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,342 @@
+"""Installing cudamem as PyTorch's CUDA allocator.
+
+::
+
+    import cudamem.torch
+    cudamem.torch.install()     # before the first CUDA tensor
+    import torch
+    ...                          # every CUDA tensor now comes from cudamem
+
+How it plugs in
+---------------
+PyTorch accepts an external allocator through ``torch.cuda.memory.CUDAPluggableAllocator(so,
+alloc_name, free_name)``: it loads two C functions, ``void* alloc(size_t size, int device,
+cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaStream_t
+stream)``, and ``torch.cuda.memory.change_current_allocator`` makes it the allocator of every
+CUDA tensor. That swap is only possible before PyTorch's own allocator is initialised, i.e.
+before CUDA is first used in the process; :func:`install` checks this and says so.
+
+:func:`install` also sets three optional hooks of the pluggable allocator to cudamem's C
+functions: ``set_reset_fn`` (``torch.cuda.empty_cache()`` → ``cudamem_empty_cache``),
+``set_memory_fraction_fn`` (``torch.cuda.set_per_process_memory_fraction`` →
+``cudamem_set_memory_fraction``) and ``set_record_stream_fn`` (``tensor.record_stream(s)`` →
+``cudamem_record_stream``).
+
+Out of memory: the C++ shim
+---------------------------
+A C function cannot raise a Python exception inside PyTorch's C++ allocation path, and if the
+alloc function returns NULL PyTorch silently builds a tensor on a null pointer. PyTorch's own
+allocator throws the C++ exception ``c10::OutOfMemoryError``, which PyTorch's bindings turn into
+``torch.OutOfMemoryError``. So does cudamem, through a small C++ shim
+(``cudamem/_shim/torch_shim.cpp``): its ``cudamem_torch_malloc`` calls the Rust
+``cudamem_malloc_or_error`` and, on NULL with size > 0, throws ``c10::OutOfMemoryError``
+(``TORCH_CHECK_WITH(OutOfMemoryError, false, msg)``) with cudamem's message; other failures
+throw ``c10::Error`` (→ ``RuntimeError``). The shim is compiled at the first :func:`install`
+with the system's C++ compiler (``$CXX`` or ``g++``), against the headers and ``libc10`` of
+the installed torch, with torch's ``_GLIBCXX_USE_CXX11_ABI``, and cached in
+``~/.cache/cudamem/`` (``$CUDAMEM_CACHE_DIR`` or ``$XDG_CACHE_HOME/cudamem`` if set) under a
+name keyed by torch's version, that ABI flag and the shim source's hash. No ninja, no
+setuptools build: one ``g++`` command (shown by :func:`build_shim` on failure).
+
+Without a C++ compiler (or with ``CUDAMEM_TORCH_SHIM=0``), :func:`install` warns and plugs in
+the Rust functions directly. Out of memory is then still an exception, not a null tensor:
+``cudamem_malloc`` calls ``c10::detail::torchCheckFail`` (a plain-C-typed function exported by
+``libc10``), which throws ``c10::Error`` — a Python ``RuntimeError`` carrying the same "CUDA out
+of memory. Tried to allocate ..." message, but *not* a ``torch.OutOfMemoryError`` (``except
+torch.OutOfMemoryError`` does not catch it; ``except RuntimeError`` does). Should that symbol be
+missing, cudamem prints the message and aborts the process rather than return NULL.
+
+What changes for the rest of torch
+----------------------------------
+* ``torch.cuda.memory_allocated()``, ``memory_stats()``, ``memory_summary()``, the
+  ``max_*``/``reset_*`` functions raise "CUDAPluggableAllocator does not yet support
+  getDeviceStats" with any pluggable allocator. :func:`install` (with ``patch_torch_stats=True``,
+  the default) replaces them in ``torch.cuda`` and ``torch.cuda.memory`` by cudamem's, which
+  return the same keys and table.
+* Not supported while installed (PyTorch's pluggable-allocator limits): CUDA graphs and their
+  private pools (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``),
+  ``torch.cuda.MemPool``, memory snapshots and ``_record_memory_history``, CUDA IPC of
+  tensors between processes. cuDNN autotuning (``torch.backends.cudnn.benchmark = True``)
+  queries the allocator's ``cacheInfo``, which pluggable allocators refuse.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, List, Optional
+
+import cudamem
+from cudamem import _cudamem
+
+__all__ = ["install", "is_installed", "install_mode", "build_shim", "shim_source", "ShimBuildError"]
+
+# Bumped whenever the shim's exported interface changes (checked at load time).
+SHIM_ABI_VERSION = 1
+
+_TORCH_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"
+
+_TOO_LATE = (
+    "cudamem.torch.install() must run before the first CUDA tensor: PyTorch has already "
+    "initialised CUDA and its own caching allocator in this process, and an initialised "
+    "allocator cannot be swapped. Call cudamem.torch.install() right after `import torch` (and "
+    "before anything that touches CUDA, such as .cuda(), torch.cuda.init() or creating a model "
+    "on the GPU)."
+)
+
+_lock = threading.Lock()
+_state: dict = {}  # mode, allocator, libraries: kept alive for the rest of the process
+
+
+class ShimBuildError(RuntimeError):
+    """The C++ shim could not be compiled (no compiler, or a compile error: see the message)."""
+
+
+def is_installed() -> bool:
+    """Whether :func:`install` has made cudamem PyTorch's CUDA allocator in this process."""
+    return "mode" in _state
+
+
+def install_mode() -> Optional[str]:
+    """``"shim"`` (out of memory raises ``torch.OutOfMemoryError``), ``"c"`` (the fallback
+    without a C++ compiler: ``RuntimeError``), or None when not installed."""
+    return _state.get("mode")
+
+
+def shim_source() -> Path:
+    """The C++ source of the shim, shipped inside the package."""
+    return Path(__file__).resolve().parent / "_shim" / "torch_shim.cpp"
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("CUDAMEM_CACHE_DIR"):
+        return Path(os.environ["CUDAMEM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cudamem"
+
+
+def _compiler() -> Optional[str]:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx) or (cxx if os.path.exists(cxx) else None)
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _torch_include_paths(torch: Any) -> List[str]:
+    try:
+        from torch.utils.cpp_extension import include_paths
+
+        paths = list(include_paths())
+        if paths:
+            return paths
+    except Exception:  # cpp_extension needs setuptools; the headers are there regardless
+        pass
+    root = Path(torch.__file__).resolve().parent / "include"
+    return [str(root), str(root / "torch" / "csrc" / "api" / "include")]
+
+
+def build_shim(verbose: bool = False) -> str:
+    """Compiles the shim for the installed torch (once; then it is read from the cache) and
+    returns the path of the shared library. Raises :class:`ShimBuildError` with the command and
+    the compiler's output when that fails."""
+    import torch
+
+    src = shim_source()
+    code = src.read_bytes()
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    key = hashlib.sha256(
+        b"\0".join([code, torch.__version__.encode(), str(abi).encode(), str(SHIM_ABI_VERSION).encode()])
+    ).hexdigest()[:16]
+    tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
+    out = _cache_dir() / f"torch_shim-torch{tag}-{key}.so"
+    if out.exists():
+        return str(out)
+    cxx = _compiler()
+    if cxx is None:
+        raise ShimBuildError("no C++ compiler found (looked for $CXX, g++, c++)")
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    includes = [f"-I{p}" for p in _torch_include_paths(torch)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".so.tmp", dir=str(out.parent))
+    os.close(fd)
+    failures = []
+    try:
+        # PyTorch's headers have long required C++17; a newer torch may require C++20.
+        for std in ("c++17", "c++20"):
+            cmd = [
+                cxx, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                *includes, str(src), "-o", tmp,
+                f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}",
+            ]  # fmt: skip
+            if verbose:
+                print("cudamem: compiling the torch shim:", " ".join(cmd), file=sys.stderr)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode == 0:
+                os.replace(tmp, out)  # atomic: concurrent processes (ranks) may race here
+                return str(out)
+            failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    raise ShimBuildError("compiling cudamem's torch shim failed:\n" + "\n\n".join(failures))
+
+
+def _addr(fn: Any) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+def _load_shim(path: str, rust: ctypes.CDLL) -> ctypes.CDLL:
+    shim = ctypes.CDLL(path)
+    init = shim.cudamem_torch_shim_init
+    init.restype = ctypes.c_int
+    init.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    version = init(_addr(rust.cudamem_malloc_or_error), _addr(rust.cudamem_free), _addr(rust.cudamem_last_error_kind))
+    if version != SHIM_ABI_VERSION:
+        raise ShimBuildError(f"the shim at {path} has interface version {version}, expected {SHIM_ABI_VERSION}")
+    return shim
+
+
+def _find_torch_check_fail(torch: Any) -> int:
+    """The address of ``c10::detail::torchCheckFail(const char*, const char*, uint32_t, const
+    char*)`` in the loaded libc10, or 0."""
+    lib = Path(torch.__file__).resolve().parent / "lib" / "libc10.so"
+    try:
+        c10 = ctypes.CDLL(str(lib))
+        return _addr(getattr(c10, _TORCH_CHECK_FAIL))
+    except (OSError, AttributeError):
+        return 0
+
+
+def install(
+    policy: Optional[str] = None,
+    config: Optional[str] = None,
+    *,
+    patch_torch_stats: bool = True,
+    use_shim: Optional[bool] = None,
+    verbose: bool = False,
+) -> None:
+    """Makes cudamem PyTorch's CUDA allocator for the rest of the process.
+
+    Args:
+        policy: ``"cudamem"`` (default, or ``$CUDAMEM_POLICY``), ``"pytorch"`` (PyTorch's own
+            algorithm) or ``"pytorch-expandable"``.
+        config: a ``PYTORCH_CUDA_ALLOC_CONF``-style string (default: ``$CUDAMEM_ALLOC_CONF``,
+            else ``$PYTORCH_CUDA_ALLOC_CONF``).
+        patch_torch_stats: route ``torch.cuda.memory_allocated``, ``memory_stats``,
+            ``memory_summary``, ``max_memory_*``, ``reset_*`` to cudamem (they raise with any
+            pluggable allocator otherwise).
+        use_shim: True requires the C++ shim (raise if it cannot be built), False never builds
+            it, None (default) builds it and falls back with a warning. ``CUDAMEM_TORCH_SHIM=0``
+            means False.
+        verbose: print the compiler command.
+
+    Raises:
+        RuntimeError: CUDA was already used in this process (install() must come first), or
+            ``CUDAMEM_DEVICE`` selects the simulated device.
+        ValueError: a bad policy or configuration string.
+        ImportError: torch is not installed.
+    """
+    with _lock:
+        if is_installed():
+            if policy is not None or config is not None:
+                cudamem.configure(policy, config)  # raises if it would change anything in use
+            return
+        import torch
+
+        info = cudamem.info()
+        kind = str(info.get("device_kind"))
+        if kind.startswith("invalid"):
+            raise ValueError(kind[len("invalid: "):])
+        if kind != "cuda":
+            raise RuntimeError(
+                "cudamem.torch.install(): CUDAMEM_DEVICE selects a simulated GPU, whose addresses "
+                "PyTorch cannot use; unset CUDAMEM_DEVICE (or set it to 'cuda')"
+            )
+        if torch.cuda.is_initialized():
+            raise RuntimeError(_TOO_LATE)
+        cudamem.configure(policy, config)
+        # A bad CUDAMEM_POLICY / CUDAMEM_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF: say so now, not
+        # at the first tensor.
+        settings_error = cudamem.info().get("settings_error")
+        if settings_error:
+            raise ValueError(settings_error)
+
+        rust_path = cudamem.library_path()
+        rust = ctypes.CDLL(rust_path)
+        if use_shim is None and os.environ.get("CUDAMEM_TORCH_SHIM", "1").strip().lower() in ("0", "false", "off", "no"):
+            use_shim = False
+        shim = None
+        if use_shim is not False:
+            try:
+                shim_path = build_shim(verbose=verbose)
+                shim = _load_shim(shim_path, rust)
+            except (ShimBuildError, OSError, AttributeError) as e:
+                if use_shim:
+                    raise
+                warnings.warn(
+                    "cudamem: the C++ shim could not be built, so out of memory will raise a plain "
+                    "RuntimeError (not torch.OutOfMemoryError) with the same message. Install g++ "
+                    f"(or set CXX) to fix this. Details: {e}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        previous_mode = None
+        if shim is not None:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(shim_path, "cudamem_torch_malloc", "cudamem_torch_free")
+            mode = "shim"
+        else:
+            thrower = _find_torch_check_fail(torch)
+            _cudamem._set_error_thrower(thrower)
+            previous_mode = _cudamem.set_error_mode(_cudamem.MODE_THROW if thrower else _cudamem.MODE_ABORT)
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(rust_path, "cudamem_malloc", "cudamem_free")
+            mode = "c"
+        hooks = allocator.allocator()
+        hooks.set_reset_fn(_addr(rust.cudamem_empty_cache))
+        hooks.set_memory_fraction_fn(_addr(rust.cudamem_set_memory_fraction))
+        hooks.set_record_stream_fn(_addr(rust.cudamem_record_stream))
+        try:
+            torch.cuda.memory.change_current_allocator(allocator)
+        except RuntimeError as e:
+            if previous_mode is not None:
+                _cudamem.set_error_mode(previous_mode)
+            if "initialized" in str(e):
+                raise RuntimeError(_TOO_LATE) from e
+            raise
+        _state.update(mode=mode, allocator=allocator, rust=rust, shim=shim)
+        if patch_torch_stats:
+            _patch_torch_stats(torch)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.cuda's statistics, answered by cudamem
+# --------------------------------------------------------------------------------------------
+
+_PATCHED = {
+    "memory_stats": cudamem.memory_stats,
+    "memory_stats_as_nested_dict": cudamem.memory_stats_as_nested_dict,
+    "memory_allocated": cudamem.memory_allocated,
+    "max_memory_allocated": cudamem.max_memory_allocated,
+    "memory_reserved": cudamem.memory_reserved,
+    "max_memory_reserved": cudamem.max_memory_reserved,
+    "memory_summary": cudamem.memory_summary,
+    "reset_peak_memory_stats": cudamem.reset_peak_memory_stats,
+    "reset_accumulated_memory_stats": cudamem.reset_accumulated_memory_stats,
+}
+
+
+def _patch_torch_stats(torch: Any) -> None:
+    # torch.cuda.memory's other helpers (memory_cached, reset_max_memory_allocated, ...) call
+    # these through the module's globals, so replacing them there covers those too.
+    for module in (torch.cuda.memory, torch.cuda):
+        for name, fn in _PATCHED.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)

@@ -1,0 +1,454 @@
+//! # The C ABI: what PyTorch's `CUDAPluggableAllocator` calls
+//!
+//! Exported unmangled from the extension module's shared library (`cudamem/_cudamem.abi3.so`),
+//! so that `ctypes` (and `torch.cuda.memory.CUDAPluggableAllocator`) find them by name:
+//!
+//! | function | PyTorch hook |
+//! |---|---|
+//! | `void* cudamem_malloc(size_t size, int device, cudaStream_t stream)` | alloc function |
+//! | `void cudamem_free(void* ptr, size_t size, int device, cudaStream_t stream)` | free function |
+//! | `void cudamem_empty_cache(void)` | `set_reset_fn` (`torch.cuda.empty_cache()`) |
+//! | `void cudamem_set_memory_fraction(double fraction, int device)` | `set_memory_fraction_fn` |
+//! | `void cudamem_record_stream(void* ptr, cudaStream_t stream)` | `set_record_stream_fn` |
+//! | `void* cudamem_malloc_or_error(size_t, int, cudaStream_t, char* msg, size_t msg_len)` | used by the C++ shim |
+//!
+//! and a few helpers (`cudamem_last_error`, `cudamem_last_error_kind`, `cudamem_set_error_mode`,
+//! `cudamem_set_error_thrower`, `cudamem_memory_allocated`, `cudamem_memory_reserved`,
+//! `cudamem_unknown_frees`).
+//!
+//! ## Rules
+//!
+//! * **No panic crosses the boundary**: every body runs under `catch_unwind`; a panic (a bug)
+//!   becomes an error of kind [`ERR_INTERNAL`] with the panic's message.
+//! * **Failures are never silent.** A failing `cudamem_malloc` stores the message and its kind as
+//!   the calling thread's *last error* (`cudamem_last_error`), then acts by the process-wide
+//!   *error mode* (`cudamem_set_error_mode`):
+//!   - [`MODE_RETURN_NULL`] (the default, for C callers that check NULL): prints the message to
+//!     stderr and returns NULL;
+//!   - [`MODE_THROW`]: calls the *thrower* set by `cudamem_set_error_thrower` — a function with
+//!     the signature of `c10::detail::torchCheckFail(const char* func, const char* file,
+//!     uint32_t line, const char* msg)`, which throws a C++ `c10::Error` that PyTorch turns into
+//!     a Python `RuntimeError`. This unwinds through `cudamem_malloc`, which is therefore
+//!     declared `extern "C-unwind"`; nothing is locked at that point. Without a thrower it
+//!     behaves as [`MODE_ABORT`];
+//!   - [`MODE_ABORT`]: prints the message and aborts the process (better than handing PyTorch a
+//!     NULL pointer, which it would wrap into a tensor without complaint).
+//!
+//!   `cudamem.torch.install()` does not route allocations through `cudamem_malloc` at all when
+//!   it can compile its C++ shim: the shim calls `cudamem_malloc_or_error`, which never prints
+//!   or throws, and throws `c10::OutOfMemoryError` itself (→ `torch.OutOfMemoryError`).
+//! * **A free of an unknown pointer is ignored**, reported on stderr the first time and counted
+//!   (`cudamem_unknown_frees`). The hooks (`empty_cache`, `set_memory_fraction`,
+//!   `record_stream`) cannot return errors to PyTorch: they report failures on stderr.
+//! * Size 0 returns NULL, as PyTorch's own allocator does; freeing NULL does nothing.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_double, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+use cudamem_alloc::AllocError;
+use cudamem_device::StreamId;
+
+use crate::registry::{self, RegistryError};
+
+/// No error.
+pub const ERR_NONE: c_int = 0;
+/// Out of memory (PyTorch's message, plus cudamem's diagnosis).
+pub const ERR_OOM: c_int = 1;
+/// A bad argument or setting: unknown device ordinal, bad configuration string or policy.
+pub const ERR_INVALID: c_int = 2;
+/// The device failed (no driver, a CUDA error other than out-of-memory).
+pub const ERR_DEVICE: c_int = 3;
+/// A bug in cudamem (a caught panic).
+pub const ERR_INTERNAL: c_int = 4;
+
+/// Error mode: print the message to stderr, return NULL.
+pub const MODE_RETURN_NULL: c_int = 0;
+/// Error mode: throw through the registered thrower (a C++ exception), else abort.
+pub const MODE_THROW: c_int = 1;
+/// Error mode: print the message to stderr and abort the process.
+pub const MODE_ABORT: c_int = 2;
+
+/// `c10::detail::torchCheckFail(const char*, const char*, uint32_t, const char*)`.
+type Thrower = unsafe extern "C-unwind" fn(*const c_char, *const c_char, u32, *const c_char);
+
+static ERROR_MODE: AtomicI32 = AtomicI32::new(MODE_RETURN_NULL);
+static THROWER: AtomicUsize = AtomicUsize::new(0);
+static UNKNOWN_FREES: AtomicU64 = AtomicU64::new(0);
+static UNKNOWN_FREE_REPORTED: AtomicBool = AtomicBool::new(false);
+static UNKNOWN_RECORD_REPORTED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static LAST_ERROR: RefCell<(c_int, String)> = const { RefCell::new((ERR_NONE, String::new())) };
+}
+
+/// An error of a C entry point: kind and message.
+pub struct CError {
+    pub kind: c_int,
+    pub message: String,
+}
+
+impl From<RegistryError> for CError {
+    fn from(e: RegistryError) -> Self {
+        let kind = match &e {
+            RegistryError::Alloc(a) => return alloc_error(a),
+            RegistryError::Device(_) => ERR_DEVICE,
+            RegistryError::BadDevice(_)
+            | RegistryError::BadSetting(_)
+            | RegistryError::InUse(_) => ERR_INVALID,
+        };
+        CError {
+            kind,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn alloc_error(e: &AllocError) -> CError {
+    let kind = match e {
+        AllocError::OutOfMemory(_) => ERR_OOM,
+        AllocError::Device(_) => ERR_DEVICE,
+        _ => ERR_INVALID,
+    };
+    CError {
+        kind,
+        message: e.to_string(),
+    }
+}
+
+/// Runs `f`, turning a panic into an [`ERR_INTERNAL`] error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CError>) -> Result<T, CError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(CError {
+                kind: ERR_INTERNAL,
+                message: format!("cudamem: internal error in {what}: {why}"),
+            })
+        }
+    }
+}
+
+fn set_last_error(kind: c_int, message: &str) {
+    let _ = LAST_ERROR.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            l.0 = kind;
+            l.1.clear();
+            l.1.push_str(message);
+        }
+    });
+}
+
+/// The calling thread's last error (kind, message).
+pub fn last_error() -> (c_int, String) {
+    LAST_ERROR
+        .try_with(|l| l.borrow().clone())
+        .unwrap_or((ERR_NONE, String::new()))
+}
+
+fn report(message: &str) {
+    // eprintln! panics if stderr is closed; a report must never panic.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{message}");
+}
+
+/// Copies `msg` into `buf` (at most `len - 1` bytes, cut at a character boundary, then NUL).
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes.
+unsafe fn write_c_string(msg: &str, buf: *mut c_char, len: usize) {
+    if buf.is_null() || len == 0 {
+        return;
+    }
+    let mut n = msg.len().min(len - 1);
+    while !msg.is_char_boundary(n) {
+        n -= 1;
+    }
+    // SAFETY: `buf` has `len > n` writable bytes (caller's contract); the source is `n` bytes of
+    // `msg`; the two cannot overlap (`msg` is Rust-owned).
+    unsafe {
+        std::ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast::<u8>(), n);
+        *buf.add(n) = 0;
+    }
+}
+
+fn malloc_impl(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, CError> {
+    guarded("cudamem_malloc", || {
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let alloc = registry::get_or_create(device)?;
+        let ptr = alloc
+            .malloc(size as u64, StreamId(stream as u64))
+            .map_err(|e| alloc_error(&e))?;
+        Ok(ptr as *mut c_void)
+    })
+}
+
+/// `void* cudamem_malloc(size_t size, int device, cudaStream_t stream)`: PyTorch's alloc
+/// function. On failure see the module documentation (error modes).
+#[no_mangle]
+pub extern "C-unwind" fn cudamem_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let err = match malloc_impl(size, device, stream) {
+        Ok(p) => return p,
+        Err(e) => e,
+    };
+    set_last_error(err.kind, &err.message);
+    let mode = ERROR_MODE.load(Ordering::Relaxed);
+    if mode == MODE_THROW {
+        let t = THROWER.load(Ordering::Acquire);
+        if t != 0 {
+            let msg = CString::new(err.message.replace('\0', " ")).unwrap_or_default();
+            // SAFETY: `t` was registered by `cudamem_set_error_thrower` as a function with the
+            // `Thrower` signature (c10::detail::torchCheckFail). It does not return: it throws a
+            // C++ exception that unwinds through this `C-unwind` frame (dropping `msg` and
+            // `err`) back into PyTorch, which converts it to a Python RuntimeError. No lock is
+            // held here.
+            unsafe {
+                let f: Thrower = std::mem::transmute::<usize, Thrower>(t);
+                f(
+                    c"cudamem_malloc".as_ptr(),
+                    c"cudamem/python/src/ffi.rs".as_ptr(),
+                    line!(),
+                    msg.as_ptr(),
+                );
+            }
+        }
+    }
+    report(&err.message);
+    if mode != MODE_RETURN_NULL {
+        report("cudamem: aborting: cannot report this allocation failure to the caller (error mode 'abort')");
+        std::process::abort();
+    }
+    std::ptr::null_mut()
+}
+
+/// `void* cudamem_malloc_or_error(size_t, int, cudaStream_t, char* msg_buf, size_t msg_len)`:
+/// like [`cudamem_malloc`], but on failure it returns NULL and writes the message (NUL-ended,
+/// cut to `msg_len - 1` bytes) to `msg_buf`, never printing, throwing or aborting. The kind of
+/// the failure is `cudamem_last_error_kind()`. With size 0 it returns NULL and writes "".
+///
+/// # Safety
+/// `msg_buf` must be NULL or point to `msg_len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cudamem_malloc_or_error(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    msg_buf: *mut c_char,
+    msg_len: usize,
+) -> *mut c_void {
+    match malloc_impl(size, device, stream) {
+        Ok(p) => {
+            // SAFETY: caller's contract on msg_buf.
+            unsafe { write_c_string("", msg_buf, msg_len) };
+            p
+        }
+        Err(e) => {
+            set_last_error(e.kind, &e.message);
+            // SAFETY: caller's contract on msg_buf.
+            unsafe { write_c_string(&e.message, msg_buf, msg_len) };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Frees `ptr` on `device`, reporting unknown pointers once. Returns the error for callers that
+/// want it (the Python API); the C function ignores it.
+fn free_impl(ptr: u64, device: c_int) -> Result<(), CError> {
+    guarded("cudamem_free", || {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let Some(alloc) = registry::get(device) else {
+            return Err(CError {
+                kind: ERR_INVALID,
+                message: format!("invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"),
+            });
+        };
+        alloc.free(ptr).map_err(|e| alloc_error(&e))
+    })
+}
+
+/// `void cudamem_free(void* ptr, size_t size, int device, cudaStream_t stream)`: PyTorch's free
+/// function. `size` and `stream` are not needed (the allocator knows both). A pointer cudamem
+/// did not hand out is ignored: reported on stderr the first time, counted always.
+#[no_mangle]
+pub extern "C" fn cudamem_free(
+    ptr: *mut c_void,
+    _size: usize,
+    device: c_int,
+    _stream: *mut c_void,
+) {
+    if let Err(e) = free_impl(ptr as u64, device) {
+        if e.kind == ERR_INVALID {
+            UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
+            if !UNKNOWN_FREE_REPORTED.swap(true, Ordering::Relaxed) {
+                report(&format!(
+                    "cudamem: ignoring cudamem_free of a pointer it did not allocate: {} \
+                     (reported once; cudamem_unknown_frees() counts them)",
+                    e.message
+                ));
+            }
+        } else {
+            report(&e.message);
+        }
+    }
+}
+
+/// `void cudamem_empty_cache(void)`: PyTorch's reset hook (`torch.cuda.empty_cache()`): returns
+/// the unused cached memory of every device to the driver.
+#[no_mangle]
+pub extern "C" fn cudamem_empty_cache() {
+    let r = guarded("cudamem_empty_cache", || {
+        for (_, a) in registry::existing() {
+            a.empty_cache().map_err(|e| alloc_error(&e))?;
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        report(&format!("cudamem: empty_cache failed: {}", e.message));
+    }
+}
+
+/// `void cudamem_set_memory_fraction(double fraction, int device)`: PyTorch's memory-fraction
+/// hook (`torch.cuda.set_per_process_memory_fraction`).
+#[no_mangle]
+pub extern "C" fn cudamem_set_memory_fraction(fraction: c_double, device: c_int) {
+    let r = guarded("cudamem_set_memory_fraction", || {
+        registry::get_or_create(device)?
+            .set_memory_fraction(fraction)
+            .map_err(|e| alloc_error(&e))
+    });
+    if let Err(e) = r {
+        report(&format!(
+            "cudamem: set_memory_fraction({fraction}, {device}) failed: {}",
+            e.message
+        ));
+    }
+}
+
+/// Records that `ptr` is used on `stream` too, on whichever device owns it.
+pub fn record_stream_any(ptr: u64, stream: u64) -> Result<(), CError> {
+    guarded("cudamem_record_stream", || {
+        if ptr == 0 {
+            return Ok(()); // the storage of an empty tensor
+        }
+        let mut last = None;
+        for (_, a) in registry::existing() {
+            match a.record_stream(ptr, StreamId(stream)) {
+                Ok(()) => return Ok(()),
+                Err(e @ AllocError::InvalidPointer { .. }) => last = Some(e),
+                Err(e) => return Err(alloc_error(&e)),
+            }
+        }
+        Err(match last {
+            Some(e) => alloc_error(&e),
+            None => CError {
+                kind: ERR_INVALID,
+                message: format!("invalid device pointer: {ptr:#x} (no allocator exists)"),
+            },
+        })
+    })
+}
+
+/// `void cudamem_record_stream(void* ptr, cudaStream_t stream)`: PyTorch's record-stream hook
+/// (`tensor.record_stream(s)`). The pointer is looked up on every device that has an allocator.
+#[no_mangle]
+pub extern "C" fn cudamem_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    if let Err(e) = record_stream_any(ptr as u64, stream as u64) {
+        if e.kind != ERR_INVALID || !UNKNOWN_RECORD_REPORTED.swap(true, Ordering::Relaxed) {
+            report(&format!(
+                "cudamem: record_stream ignored: {} (unknown pointers are reported once)",
+                e.message
+            ));
+        }
+    }
+}
+
+/// `int cudamem_last_error(char* buf, size_t len)`: copies the calling thread's last error
+/// message to `buf` (NUL-ended) and returns its kind (`0` none, `1` out of memory, `2` invalid
+/// argument or setting, `3` device error, `4` internal error).
+///
+/// # Safety
+/// `buf` must be NULL or point to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn cudamem_last_error(buf: *mut c_char, len: usize) -> c_int {
+    let (kind, msg) = last_error();
+    // SAFETY: caller's contract on buf.
+    unsafe { write_c_string(&msg, buf, len) };
+    kind
+}
+
+/// `int cudamem_last_error_kind(void)`: the kind of the calling thread's last error.
+#[no_mangle]
+pub extern "C" fn cudamem_last_error_kind() -> c_int {
+    last_error().0
+}
+
+/// `int cudamem_set_error_mode(int mode)`: sets how `cudamem_malloc` reports failures (0 print
+/// and return NULL, 1 throw through the thrower, 2 abort); returns the previous mode, or -1 (and
+/// changes nothing) for an unknown mode.
+#[no_mangle]
+pub extern "C" fn cudamem_set_error_mode(mode: c_int) -> c_int {
+    if !(MODE_RETURN_NULL..=MODE_ABORT).contains(&mode) {
+        return -1;
+    }
+    ERROR_MODE.swap(mode, Ordering::Relaxed)
+}
+
+/// Sets the thrower used in error mode 1 (NULL removes it).
+///
+/// # Safety
+/// `f` must be NULL or a function with the signature of `c10::detail::torchCheckFail(const
+/// char*, const char*, uint32_t, const char*)` that stays loaded for the rest of the process.
+#[no_mangle]
+pub unsafe extern "C" fn cudamem_set_error_thrower(f: *const c_void) {
+    THROWER.store(f as usize, Ordering::Release);
+}
+
+/// `size_t cudamem_memory_allocated(int device)`: bytes allocated on `device` (0 before its first
+/// allocation).
+#[no_mangle]
+pub extern "C" fn cudamem_memory_allocated(device: c_int) -> u64 {
+    guarded("cudamem_memory_allocated", || {
+        Ok(registry::get(device).map_or(0, |a| a.memory_allocated()))
+    })
+    .unwrap_or(0)
+}
+
+/// `size_t cudamem_memory_reserved(int device)`: bytes reserved from `device`.
+#[no_mangle]
+pub extern "C" fn cudamem_memory_reserved(device: c_int) -> u64 {
+    guarded("cudamem_memory_reserved", || {
+        Ok(registry::get(device).map_or(0, |a| a.memory_reserved()))
+    })
+    .unwrap_or(0)
+}
+
+/// `uint64_t cudamem_unknown_frees(void)`: how many `cudamem_free` calls named a pointer cudamem
+/// did not hand out.
+#[no_mangle]
+pub extern "C" fn cudamem_unknown_frees() -> u64 {
+    UNKNOWN_FREES.load(Ordering::Relaxed)
+}
+
+/// Frees for the Python API: errors are returned, not reported.
+pub fn free_checked(ptr: u64, device: c_int) -> Result<(), CError> {
+    free_impl(ptr, device)
+}
+
+/// The current error mode.
+pub fn error_mode() -> c_int {
+    ERROR_MODE.load(Ordering::Relaxed)
+}

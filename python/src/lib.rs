@@ -1,0 +1,437 @@
+//! # `cudamem._cudamem`: the native half of the Python package `cudamem`
+//!
+//! One shared library carries two interfaces to the same process-global allocators:
+//!
+//! * **Python functions** (pyo3, this file), wrapped by `cudamem/__init__.py` which resolves
+//!   `device=None` the way PyTorch does and builds the `OrderedDict` of `memory_stats()`;
+//! * **a C ABI** ([`ffi`]): `cudamem_malloc`, `cudamem_free`, `cudamem_empty_cache`,
+//!   `cudamem_set_memory_fraction`, `cudamem_record_stream`, `cudamem_malloc_or_error`, ...,
+//!   which PyTorch's `CUDAPluggableAllocator` (directly, or through the C++ shim that
+//!   `cudamem.torch.install()` compiles) calls for every CUDA tensor.
+//!
+//! Both reach the allocators of [`registry`]: one `CachingAllocator` per device ordinal, created
+//! on first use (a CUDA device, or a simulated one with `CUDAMEM_DEVICE=sim`). So a tensor that
+//! PyTorch allocated through the C ABI shows up in `cudamem.memory_allocated()`, and
+//! `cudamem.empty_cache()` releases what PyTorch's frees left cached.
+//!
+//! ## Errors seen from Python
+//!
+//! | cause | exception |
+//! |---|---|
+//! | out of memory | `cudamem.OutOfMemoryError` (a `RuntimeError`; also a `torch.OutOfMemoryError` when torch is imported), with PyTorch's message and cudamem's diagnosis |
+//! | bad argument (size, device, pointer, fraction) | `ValueError` naming the argument |
+//! | bad configuration string, policy or `CUDAMEM_DEVICE` | `ValueError` with the parser's text |
+//! | settings changed after first use | `RuntimeError` |
+//! | device failure (no driver, CUDA error) | `RuntimeError` |
+//!
+//! Long calls (malloc, free, empty_cache) release the GIL, so PyTorch threads allocating through
+//! the C ABI are never blocked behind the interpreter.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod ffi;
+pub mod registry;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyType};
+
+use cudamem_alloc::{AllocError, StatsDict};
+use cudamem_device::StreamId;
+
+use registry::RegistryError;
+
+/// A Python callable returning the class to raise for out-of-memory (set by `cudamem/__init__.py`).
+static OOM_CLASS_FACTORY: Mutex<Option<Py<PyAny>>> = Mutex::new(None);
+
+fn oom_error(py: Python<'_>, message: String) -> PyErr {
+    let factory = OOM_CLASS_FACTORY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .map(|f| f.clone_ref(py));
+    if let Some(f) = factory {
+        if let Ok(cls) = f.call0(py) {
+            if let Ok(ty) = cls.into_bound(py).downcast_into::<PyType>() {
+                return PyErr::from_type(ty, message);
+            }
+        }
+    }
+    PyRuntimeError::new_err(message)
+}
+
+fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
+    match e {
+        AllocError::OutOfMemory(_) => oom_error(py, e.to_string()),
+        AllocError::InvalidPointer { .. }
+        | AllocError::InvalidArgument(_)
+        | AllocError::Config(_) => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+fn reg_err(py: Python<'_>, e: RegistryError) -> PyErr {
+    match e {
+        RegistryError::Alloc(a) => alloc_err(py, a),
+        RegistryError::BadDevice(m) | RegistryError::BadSetting(m) => PyValueError::new_err(m),
+        RegistryError::InUse(m) => PyRuntimeError::new_err(m),
+        e @ RegistryError::Device(_) => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+fn ffi_err(py: Python<'_>, e: ffi::CError) -> PyErr {
+    match e.kind {
+        ffi::ERR_OOM => oom_error(py, e.message),
+        ffi::ERR_INVALID => PyValueError::new_err(e.message),
+        _ => PyRuntimeError::new_err(e.message),
+    }
+}
+
+/// A non-negative integer argument, with a ValueError naming it otherwise.
+fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        if let Ok(v) = obj.extract::<u64>() {
+            return Ok(v);
+        }
+    }
+    Err(PyValueError::new_err(format!(
+        "{name} must be an int in [0, 2**64), got {}",
+        obj.repr()?
+    )))
+}
+
+fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem_alloc::CachingAllocator> {
+    registry::get_or_create(device).map_err(|e| reg_err(py, e))
+}
+
+/// Checks the ordinal without creating an allocator.
+fn check_device(device: i32) -> PyResult<()> {
+    registry::slot_index(device)
+        .map(|_| ())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The stats of `device`; all zero (and no device opened) before its first use.
+fn stats_dict(device: i32) -> PyResult<StatsDict> {
+    check_device(device)?;
+    Ok(match registry::get(device) {
+        Some(a) => a.memory_stats(),
+        None => {
+            let mut d = cudamem_alloc::summary::zeroed_stats();
+            let max_split = registry::effective_settings()
+                .map(|(c, _)| c.max_split_size)
+                .unwrap_or(u64::MAX);
+            d.insert(
+                "max_split_size".into(),
+                if max_split == u64::MAX {
+                    -1
+                } else {
+                    max_split as i64
+                },
+            );
+            d
+        }
+    })
+}
+
+/// Allocates `size` bytes on `device` for use on `stream` (a raw `cudaStream_t` value; 0 is the
+/// default stream) and returns the device address (0 for size 0).
+#[pyfunction]
+#[pyo3(signature = (size, device=0, stream=None))]
+fn malloc(
+    py: Python<'_>,
+    size: &Bound<'_, PyAny>,
+    device: i32,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<u64> {
+    let size = arg_u64(size, "size")?;
+    let stream = match stream {
+        Some(s) => arg_u64(s, "stream")?,
+        None => 0,
+    };
+    let a = allocator(py, device)?;
+    py.allow_threads(|| a.malloc(size, StreamId(stream)))
+        .map_err(|e| alloc_err(py, e))
+}
+
+/// Frees an address returned by `malloc` on `device`.
+#[pyfunction]
+#[pyo3(signature = (ptr, device=0))]
+fn free(py: Python<'_>, ptr: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
+    let ptr = arg_u64(ptr, "ptr")?;
+    check_device(device)?;
+    py.allow_threads(|| ffi::free_checked(ptr, device))
+        .map_err(|e| ffi_err(py, e))
+}
+
+/// Marks the allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`).
+#[pyfunction]
+#[pyo3(signature = (ptr, stream, device=0))]
+fn record_stream(
+    py: Python<'_>,
+    ptr: &Bound<'_, PyAny>,
+    stream: &Bound<'_, PyAny>,
+    device: i32,
+) -> PyResult<()> {
+    let ptr = arg_u64(ptr, "ptr")?;
+    let stream = arg_u64(stream, "stream")?;
+    check_device(device)?;
+    match registry::get(device) {
+        Some(a) => a
+            .record_stream(ptr, StreamId(stream))
+            .map_err(|e| alloc_err(py, e)),
+        None => Err(PyValueError::new_err(format!(
+            "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
+        ))),
+    }
+}
+
+/// `memory_stats()`: the 122 statistics of PyTorch (a plain dict; the Python wrapper sorts it).
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn memory_stats(device: i32) -> PyResult<BTreeMap<String, i64>> {
+    stats_dict(device)
+}
+
+fn stat(device: i32, key: &str) -> PyResult<i64> {
+    Ok(stats_dict(device)?.get(key).copied().unwrap_or(0))
+}
+
+/// Bytes allocated to callers (rounded sizes).
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn memory_allocated(device: i32) -> PyResult<i64> {
+    stat(device, "allocated_bytes.all.current")
+}
+
+/// Peak of `memory_allocated`.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn max_memory_allocated(device: i32) -> PyResult<i64> {
+    stat(device, "allocated_bytes.all.peak")
+}
+
+/// Bytes held from the device.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn memory_reserved(device: i32) -> PyResult<i64> {
+    stat(device, "reserved_bytes.all.current")
+}
+
+/// Peak of `memory_reserved`.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn max_memory_reserved(device: i32) -> PyResult<i64> {
+    stat(device, "reserved_bytes.all.peak")
+}
+
+/// PyTorch's `memory_summary()` table.
+#[pyfunction]
+#[pyo3(signature = (device=0, abbreviated=false))]
+fn memory_summary(device: i32, abbreviated: bool) -> PyResult<String> {
+    check_device(device)?;
+    Ok(match registry::get(device) {
+        Some(a) => a.memory_summary(abbreviated),
+        None => cudamem_alloc::summary::memory_summary(&stats_dict(device)?, device, abbreviated),
+    })
+}
+
+/// Sets every peak to its current value.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn reset_peak_memory_stats(device: i32) -> PyResult<()> {
+    check_device(device)?;
+    if let Some(a) = registry::get(device) {
+        a.reset_peak_memory_stats();
+    }
+    Ok(())
+}
+
+/// Zeroes the accumulated counters (allocated/freed totals, retries, OOMs, ...).
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
+    check_device(device)?;
+    if let Some(a) = registry::get(device) {
+        a.reset_accumulated_memory_stats();
+    }
+    Ok(())
+}
+
+/// Returns unused cached memory to the device: of `device`, or of every device when None.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
+    let targets: Vec<_> = match device {
+        Some(d) => {
+            check_device(d)?;
+            registry::get(d).into_iter().collect()
+        }
+        None => registry::existing().map(|(_, a)| a).collect(),
+    };
+    for a in targets {
+        py.allow_threads(|| a.empty_cache())
+            .map_err(|e| alloc_err(py, e))?;
+    }
+    Ok(())
+}
+
+/// `(free, total)` bytes of the device, as `cudaMemGetInfo` reports them.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn mem_get_info(py: Python<'_>, device: i32) -> PyResult<(u64, u64)> {
+    allocator(py, device)?
+        .mem_get_info()
+        .map_err(|e| alloc_err(py, e))
+}
+
+/// Limits the allocator of `device` to `fraction` of the device's memory.
+#[pyfunction]
+#[pyo3(signature = (fraction, device=0))]
+fn set_per_process_memory_fraction(
+    py: Python<'_>,
+    fraction: &Bound<'_, PyAny>,
+    device: i32,
+) -> PyResult<()> {
+    let ok_type = (fraction.is_instance_of::<PyFloat>() || fraction.is_instance_of::<PyInt>())
+        && !fraction.is_instance_of::<PyBool>();
+    let f = if ok_type {
+        fraction.extract::<f64>().ok()
+    } else {
+        None
+    };
+    let Some(f) = f.filter(|f| (0.0..=1.0).contains(f)) else {
+        return Err(PyValueError::new_err(format!(
+            "fraction must be a float in [0, 1], got {}",
+            fraction.repr()?
+        )));
+    };
+    allocator(py, device)?
+        .set_memory_fraction(f)
+        .map_err(|e| alloc_err(py, e))
+}
+
+/// Sets the policy (`cudamem`, `pytorch`, `pytorch-expandable`) and/or the configuration string
+/// (`PYTORCH_CUDA_ALLOC_CONF` syntax) of the allocators still to be created. Bad values raise
+/// ValueError; changing them after the first allocation raises RuntimeError.
+#[pyfunction]
+#[pyo3(signature = (policy=None, config=None))]
+fn configure(py: Python<'_>, policy: Option<&str>, config: Option<&str>) -> PyResult<()> {
+    registry::configure(policy, config).map_err(|e| reg_err(py, e))
+}
+
+/// What cudamem runs on: device kind, policy and configuration for new allocators, and the
+/// allocators that exist (ordinal -> {device, policy, config}).
+#[pyfunction]
+fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
+    let d = PyDict::new(py);
+    match registry::device_kind() {
+        Ok(registry::DeviceKind::Cuda) => d.set_item("device_kind", "cuda")?,
+        Ok(registry::DeviceKind::Sim(n)) => {
+            d.set_item("device_kind", "sim")?;
+            d.set_item("sim_capacity", n)?;
+        }
+        Err(e) => d.set_item("device_kind", format!("invalid: {e}"))?,
+    }
+    match registry::effective_settings() {
+        Ok((c, p)) => {
+            d.set_item("policy", p)?;
+            d.set_item("config", c.settings)?;
+        }
+        Err(e) => d.set_item("settings_error", e.to_string())?,
+    }
+    let devs = PyDict::new(py);
+    for (i, a) in registry::existing() {
+        let e = PyDict::new(py);
+        e.set_item("device", a.device().name())?;
+        e.set_item(
+            "policy",
+            registry::policy_of(i).map_or_else(|| a.policy_name(), str::to_string),
+        )?;
+        e.set_item("config", a.config().settings)?;
+        devs.set_item(i, e)?;
+    }
+    d.set_item("allocators", devs)?;
+    d.set_item("error_mode", ffi::error_mode())?;
+    d.set_item("unknown_frees", ffi::cudamem_unknown_frees())?;
+    Ok(d.unbind())
+}
+
+/// Sets the callable that returns the exception class raised for out-of-memory.
+#[pyfunction]
+fn _set_oom_class_factory(factory: Py<PyAny>) {
+    *OOM_CLASS_FACTORY.lock().unwrap_or_else(|e| e.into_inner()) = Some(factory);
+}
+
+/// Sets how the C function `cudamem_malloc` reports failures (0 print + NULL, 1 throw, 2 abort)
+/// and returns the previous mode.
+#[pyfunction]
+fn set_error_mode(mode: i32) -> PyResult<i32> {
+    match ffi::cudamem_set_error_mode(mode) {
+        -1 => Err(PyValueError::new_err(format!(
+            "mode must be 0, 1 or 2, got {mode}"
+        ))),
+        prev => Ok(prev),
+    }
+}
+
+/// Sets the function (an address) that `cudamem_malloc` calls to throw in error mode 1: it must
+/// have the signature of `c10::detail::torchCheckFail(const char*, const char*, uint32_t, const
+/// char*)` and stay loaded. 0 removes it.
+#[pyfunction]
+fn _set_error_thrower(address: u64) {
+    // SAFETY: the contract is documented for the (private) caller, cudamem.torch, which passes
+    // the address of c10::detail::torchCheckFail from the loaded libc10.
+    unsafe { ffi::cudamem_set_error_thrower(address as usize as *const std::ffi::c_void) }
+}
+
+/// The calling thread's last C-ABI error: (kind, message).
+#[pyfunction]
+fn last_error() -> (i32, String) {
+    ffi::last_error()
+}
+
+/// How many frees through the C ABI named a pointer cudamem did not hand out.
+#[pyfunction]
+fn unknown_frees() -> u64 {
+    ffi::cudamem_unknown_frees()
+}
+
+#[pymodule]
+fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_DEVICES", registry::MAX_DEVICES)?;
+    m.add("ERR_NONE", ffi::ERR_NONE)?;
+    m.add("ERR_OOM", ffi::ERR_OOM)?;
+    m.add("ERR_INVALID", ffi::ERR_INVALID)?;
+    m.add("ERR_DEVICE", ffi::ERR_DEVICE)?;
+    m.add("ERR_INTERNAL", ffi::ERR_INTERNAL)?;
+    m.add("MODE_RETURN_NULL", ffi::MODE_RETURN_NULL)?;
+    m.add("MODE_THROW", ffi::MODE_THROW)?;
+    m.add("MODE_ABORT", ffi::MODE_ABORT)?;
+    m.add_function(wrap_pyfunction!(malloc, m)?)?;
+    m.add_function(wrap_pyfunction!(free, m)?)?;
+    m.add_function(wrap_pyfunction!(record_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(max_memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(max_memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_accumulated_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(mem_get_info, m)?)?;
+    m.add_function(wrap_pyfunction!(set_per_process_memory_fraction, m)?)?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_oom_class_factory, m)?)?;
+    m.add_function(wrap_pyfunction!(set_error_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_error_thrower, m)?)?;
+    m.add_function(wrap_pyfunction!(last_error, m)?)?;
+    m.add_function(wrap_pyfunction!(unknown_frees, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! # The process-global registry of per-device allocators
+//!
+//! One [`CachingAllocator`] per device ordinal, created on first use and then kept for the rest
+//! of the process (never dropped: PyTorch frees tensors during interpreter shutdown, and those
+//! frees must still find their allocator). Allocators never share memory: a block of device 1 is
+//! never handed to device 0.
+//!
+//! * **Lookup is lock-free**: the allocators live in a fixed array of `OnceLock`s indexed by
+//!   ordinal ([`MAX_DEVICES`] slots). Creation is serialised by one mutex, so two threads
+//!   allocating on a new device at once create it once.
+//! * **The device** is `cudamem_cuda::CudaDevice::new(ordinal)`, or a simulated GPU when the
+//!   environment variable `CUDAMEM_DEVICE` is `sim` (an H200's capacity) or `sim:<size>`
+//!   (`sim:8GiB`, `sim:80GB`, `sim:1073741824`). The variable is read when an allocator is
+//!   created. The simulated device is what CI tests use; it needs no GPU.
+//! * **The configuration** is [`AllocatorConfig::from_env`] (`CUDAMEM_ALLOC_CONF`, else
+//!   `PYTORCH_CUDA_ALLOC_CONF`, ...) and the policy `CUDAMEM_POLICY` (default `cudamem`), unless
+//!   [`configure`] set either before the first allocator was created.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
+use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
+use cudamem_device::{Device, DeviceError};
+
+/// The number of device ordinals the registry serves (0 .. MAX_DEVICES).
+pub const MAX_DEVICES: usize = 64;
+
+/// The policy used when neither [`configure`] nor `CUDAMEM_POLICY` names one.
+pub const DEFAULT_POLICY: &str = "cudamem";
+
+static SLOTS: [OnceLock<Entry>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+
+/// One device's allocator and the policy name it was created with (as asked for:
+/// `pytorch-expandable` is the `pytorch` policy with expandable segments).
+struct Entry {
+    alloc: CachingAllocator,
+    policy: String,
+}
+static CREATE: Mutex<()> = Mutex::new(());
+static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
+    policy: None,
+    config: None,
+});
+
+#[derive(Clone, Debug)]
+struct Overrides {
+    policy: Option<String>,
+    config: Option<String>,
+}
+
+/// Why the registry could not produce an allocator.
+#[derive(Debug)]
+pub enum RegistryError {
+    /// The ordinal is negative or not below [`MAX_DEVICES`].
+    BadDevice(String),
+    /// A configuration string, policy name or `CUDAMEM_DEVICE` value was rejected.
+    BadSetting(String),
+    /// The device could not be opened (no driver, no such GPU, ...).
+    Device(DeviceError),
+    /// [`configure`] came after an allocator had been created.
+    InUse(String),
+    /// The allocator refused the request.
+    Alloc(AllocError),
+}
+
+impl std::fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegistryError::BadDevice(m)
+            | RegistryError::BadSetting(m)
+            | RegistryError::InUse(m) => f.write_str(m),
+            RegistryError::Device(e) => write!(f, "cudamem: cannot open the device: {e}"),
+            RegistryError::Alloc(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<AllocError> for RegistryError {
+    fn from(e: AllocError) -> Self {
+        RegistryError::Alloc(e)
+    }
+}
+
+/// Checks an ordinal and turns it into a slot index.
+pub fn slot_index(device: i32) -> Result<usize, RegistryError> {
+    if device < 0 || device as usize >= MAX_DEVICES {
+        return Err(RegistryError::BadDevice(format!(
+            "invalid device {device}: device must be an ordinal in [0, {MAX_DEVICES})"
+        )));
+    }
+    Ok(device as usize)
+}
+
+/// The allocator of `device` if it was created already (never creates one).
+pub fn get(device: i32) -> Option<&'static CachingAllocator> {
+    let i = usize::try_from(device).ok()?;
+    SLOTS.get(i)?.get().map(|e| &e.alloc)
+}
+
+/// The policy name `device`'s allocator was created with, if it exists.
+pub fn policy_of(device: i32) -> Option<&'static str> {
+    let i = usize::try_from(device).ok()?;
+    SLOTS.get(i)?.get().map(|e| e.policy.as_str())
+}
+
+/// The allocator of `device`, created on first use.
+pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryError> {
+    let i = slot_index(device)?;
+    if let Some(e) = SLOTS[i].get() {
+        return Ok(&e.alloc);
+    }
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = SLOTS[i].get() {
+        return Ok(&e.alloc);
+    }
+    let (config, policy) = effective_settings()?;
+    let dev = open_device(device)?;
+    let alloc = CachingAllocator::with_policy(dev, config, &policy)
+        .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    let _ = SLOTS[i].set(Entry { alloc, policy });
+    Ok(&SLOTS[i].get().expect("slot was just set").alloc)
+}
+
+/// Every allocator created so far, with its ordinal, in ordinal order.
+pub fn existing() -> impl Iterator<Item = (i32, &'static CachingAllocator)> {
+    SLOTS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.get().map(|e| (i as i32, &e.alloc)))
+}
+
+/// Sets the policy and/or configuration string for the allocators still to be created.
+/// Both are validated first (a bad one is [`RegistryError::BadSetting`], whatever the state);
+/// then, if any allocator exists already, the call is [`RegistryError::InUse`]. `None` keeps
+/// what was there (the environment, unless an earlier call set it).
+pub fn configure(policy: Option<&str>, config: Option<&str>) -> Result<(), RegistryError> {
+    if let Some(c) = config {
+        AllocatorConfig::parse(c).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    }
+    if let Some(p) = policy {
+        check_policy(p)?;
+    }
+    if policy.is_none() && config.is_none() {
+        return Ok(());
+    }
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((d, _)) = existing().next() {
+        return Err(RegistryError::InUse(format!(
+            "cudamem is already in use (device {d} has an allocator): the policy and configuration \
+             must be set before the first allocation"
+        )));
+    }
+    let mut o = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = policy {
+        o.policy = Some(p.to_string());
+    }
+    if let Some(c) = config {
+        o.config = Some(c.to_string());
+    }
+    Ok(())
+}
+
+fn check_policy(name: &str) -> Result<(), RegistryError> {
+    let mut scratch = AllocatorConfig::default();
+    cudamem_alloc::policy::by_name(name, &mut scratch)
+        .map(|_| ())
+        .map_err(|e| RegistryError::BadSetting(format!("cudamem: {e}")))
+}
+
+/// The configuration and policy name a new allocator gets now.
+pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> {
+    let o = OVERRIDES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let config = match &o.config {
+        Some(c) => AllocatorConfig::parse(c),
+        None => AllocatorConfig::from_env(),
+    }
+    .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    let (policy, from_env) = match o.policy {
+        Some(p) => (p, false),
+        None => match std::env::var("CUDAMEM_POLICY") {
+            Ok(p) if !p.trim().is_empty() => (p.trim().to_string(), true),
+            _ => (DEFAULT_POLICY.to_string(), false),
+        },
+    };
+    check_policy(&policy).map_err(|e| match e {
+        RegistryError::BadSetting(m) if from_env => {
+            RegistryError::BadSetting(format!("CUDAMEM_POLICY: {m}"))
+        }
+        other => other,
+    })?;
+    Ok((config, policy))
+}
+
+/// What kind of device `CUDAMEM_DEVICE` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A real GPU through the CUDA driver.
+    Cuda,
+    /// A simulated GPU of this many bytes.
+    Sim(u64),
+}
+
+/// Reads `CUDAMEM_DEVICE`: unset, empty or `cuda` is CUDA; `sim` or `sim:<size>` simulated.
+pub fn device_kind() -> Result<DeviceKind, RegistryError> {
+    let v = std::env::var("CUDAMEM_DEVICE").unwrap_or_default();
+    parse_device_kind(&v)
+}
+
+/// See [`device_kind`].
+pub fn parse_device_kind(v: &str) -> Result<DeviceKind, RegistryError> {
+    let v = v.trim();
+    let bad = |why: &str| {
+        RegistryError::BadSetting(format!(
+            "CUDAMEM_DEVICE={v:?}: {why} (expected 'cuda', 'sim' or 'sim:<size>' such as 'sim:8GiB')"
+        ))
+    };
+    match v.split_once(':') {
+        None if v.is_empty() || v.eq_ignore_ascii_case("cuda") => Ok(DeviceKind::Cuda),
+        None if v.eq_ignore_ascii_case("sim") => Ok(DeviceKind::Sim(H200_CAPACITY)),
+        Some((k, size)) if k.eq_ignore_ascii_case("sim") => match parse_size(size) {
+            Some(n) if n > 0 => Ok(DeviceKind::Sim(n)),
+            _ => Err(bad("bad capacity")),
+        },
+        _ => Err(bad("unknown device kind")),
+    }
+}
+
+fn open_device(ordinal: i32) -> Result<Arc<dyn Device>, RegistryError> {
+    match device_kind()? {
+        DeviceKind::Sim(capacity) => Ok(Arc::new(SimDevice::new(SimConfig {
+            index: ordinal,
+            capacity,
+            ..SimConfig::default()
+        }))),
+        DeviceKind::Cuda => match cudamem_cuda::CudaDevice::new(ordinal) {
+            Ok(d) => Ok(Arc::new(d)),
+            Err(e) => {
+                let count = cudamem_cuda::device_count();
+                if cudamem_cuda::is_available() && ordinal >= count {
+                    Err(RegistryError::BadDevice(format!(
+                        "invalid device {ordinal}: this machine has {count} CUDA device(s) ({e})"
+                    )))
+                } else {
+                    Err(RegistryError::Device(e))
+                }
+            }
+        },
+    }
+}
+
+/// A byte count with an optional unit: `1073741824`, `8GiB`, `8G`, `80GB`, `1.5TiB`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
+    let mult: f64 = match unit.as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => (1u64 << 10) as f64,
+        "m" | "mib" => (1u64 << 20) as f64,
+        "g" | "gib" => (1u64 << 30) as f64,
+        "t" | "tib" => (1u64 << 40) as f64,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
+    {
+        return None;
+    }
+    if !num.contains('.') {
+        return num.parse::<u64>().ok()?.checked_mul(mult as u64);
+    }
+    let v = num.parse::<f64>().ok()? * mult;
+    (v.is_finite() && v < u64::MAX as f64).then_some(v as u64)
+}

@@ -1,0 +1,17 @@
+from . import memory
+from .memory import memory_allocated, memory_stats, memory_summary  # noqa: F401
+
+_initialized = False
+
+
+def is_initialized():
+    return _initialized
+
+
+def current_device():
+    return 0
+
+
+def init():
+    global _initialized
+    _initialized = True

@@ -1,0 +1,29 @@
+// Calls cudamem's torch shim the way PyTorch does and reports what it threw, so that the
+// Python tests can check the shim's out-of-memory path without torch (built against
+// fake_c10/). Result: 0 success, 1 c10::OutOfMemoryError, 2 other c10::Error, 3 other.
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstring>
+
+typedef struct CUstream_st* cudaStream_t;
+using MallocFn = void* (*)(size_t, int, cudaStream_t);
+
+extern "C" int harness_malloc(void* fn, size_t size, int device, void** out, char* msg, size_t len) {
+  MallocFn f = reinterpret_cast<MallocFn>(fn);
+  msg[0] = '\0';
+  try {
+    *out = f(size, device, nullptr);
+    return 0;
+  } catch (const c10::OutOfMemoryError& e) {
+    std::strncpy(msg, e.what(), len - 1);
+    msg[len - 1] = '\0';
+    return 1;
+  } catch (const c10::Error& e) {
+    std::strncpy(msg, e.what(), len - 1);
+    msg[len - 1] = '\0';
+    return 2;
+  } catch (...) {
+    return 3;
+  }
+}

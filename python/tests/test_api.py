@@ -1,0 +1,542 @@
+"""Tests of the Python package on the simulated GPU (CUDAMEM_DEVICE=sim; see conftest.py).
+
+They cover the Python API (allocation, statistics, errors), the C ABI that PyTorch's
+CUDAPluggableAllocator calls (loaded with ctypes, as PyTorch does), and the C++ shim's logic
+(compiled against a stand-in for c10/util/Exception.h when a C++ compiler is present).
+"""
+
+import collections
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+import cudamem
+import cudamem.torch as cudamem_torch
+from cudamem import _cudamem
+
+MiB = 1 << 20
+GiB = 1 << 30
+HERE = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------------------
+# The package
+# ------------------------------------------------------------------------------------------
+
+
+def test_imports_on_the_simulated_device():
+    assert cudamem.__version__
+    info = cudamem.info()
+    assert info["device_kind"] == "sim"
+    assert info["policy"] in ("cudamem", "pytorch", "pytorch-expandable")
+    assert issubclass(cudamem.OutOfMemoryError, RuntimeError)
+    assert Path(cudamem.library_path()).exists()
+    # The torch integration imports without torch; installing needs torch and a real GPU.
+    assert cudamem_torch.is_installed() is False
+    assert cudamem.torch is cudamem_torch
+
+
+def test_malloc_free_move_allocated_and_reserved(dev):
+    assert cudamem.memory_allocated(dev) == 0
+    assert cudamem.memory_reserved(dev) == 0
+    p = cudamem.malloc(3 * MiB, device=dev)
+    assert p != 0
+    assert cudamem.memory_allocated(dev) == 3 * MiB
+    assert cudamem.memory_reserved(dev) >= 3 * MiB
+    q = cudamem.malloc(1000, device=dev)
+    assert q not in (0, p)
+    assert cudamem.memory_allocated(dev) == 3 * MiB + 1024  # rounded to 512 bytes
+    reserved = cudamem.memory_reserved(dev)
+    cudamem.free(p, device=dev)
+    cudamem.free(q, device=dev)
+    assert cudamem.memory_allocated(dev) == 0
+    assert cudamem.memory_reserved(dev) == reserved  # freed memory stays cached
+    assert cudamem.max_memory_allocated(dev) == 3 * MiB + 1024
+    assert cudamem.max_memory_reserved(dev) >= reserved
+    # Cached memory is reused: the same request gets the same address without new segments.
+    segments = cudamem.memory_stats(dev)["segment.all.allocated"]
+    p2 = cudamem.malloc(3 * MiB, device=dev)
+    assert cudamem.memory_stats(dev)["segment.all.allocated"] == segments
+    cudamem.free(p2, device=dev)
+
+
+def test_empty_cache_lowers_reserved(dev):
+    ptrs = [cudamem.malloc(s, device=dev) for s in (512, 5 * MiB, 40 * MiB)]
+    keep = cudamem.malloc(64 * MiB, device=dev)
+    for p in ptrs:
+        cudamem.free(p, device=dev)
+    before = cudamem.memory_reserved(dev)
+    cudamem.empty_cache(dev)
+    after = cudamem.memory_reserved(dev)
+    assert after < before
+    assert after >= 64 * MiB  # what is in use stays
+    cudamem.free(keep, device=dev)
+    cudamem.empty_cache()  # no argument: every device, like torch.cuda.empty_cache()
+    assert cudamem.memory_reserved(dev) == 0
+    assert cudamem.memory_allocated(dev) == 0
+
+
+def test_zero_size(dev):
+    assert cudamem.malloc(0, device=dev) == 0
+    cudamem.free(0, device=dev)  # freeing NULL is a no-op
+    assert cudamem.memory_allocated(dev) == 0
+
+
+def test_memory_stats_has_torchs_122_keys_sorted(dev):
+    fresh = cudamem.memory_stats(dev)  # before any allocation: zeros, and no device opened
+    assert len(fresh) == 122
+    assert fresh["max_split_size"] == -1
+    assert dev not in cudamem.info()["allocators"]
+    p = cudamem.malloc(MiB, device=dev)
+    stats = cudamem.memory_stats(dev)
+    assert isinstance(stats, collections.OrderedDict)
+    assert len(stats) == 122
+    assert list(stats) == sorted(stats)
+    assert all(isinstance(v, int) for v in stats.values())
+    for key in ("allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "num_ooms",
+                "num_alloc_retries", "oversize_segments.freed", "requested_bytes.small_pool.allocated"):
+        assert key in stats
+    assert stats["allocation.all.current"] == 1
+    assert stats["allocated_bytes.all.current"] == cudamem.memory_allocated(dev)
+    nested = cudamem.memory_stats_as_nested_dict(dev)
+    assert nested["allocated_bytes"]["all"]["current"] == MiB
+    cudamem.free(p, device=dev)
+
+
+def test_memory_summary(dev):
+    p = cudamem.malloc(7 * MiB, device=dev)
+    text = cudamem.memory_summary(dev)
+    assert "PyTorch CUDA memory summary" in text
+    assert f"device ID {dev}" in text
+    assert "from large pool" in text
+    short = cudamem.memory_summary(device=dev, abbreviated=True)
+    assert "PyTorch CUDA memory summary" in short
+    assert "from large pool" not in short
+    cudamem.free(p, device=dev)
+    # Before first use too (all zeros).
+    assert "PyTorch CUDA memory summary" in cudamem.memory_summary(cudamem._cudamem.MAX_DEVICES - 1)
+
+
+def test_reset_peak_and_accumulated(dev):
+    p = cudamem.malloc(10 * MiB, device=dev)
+    cudamem.free(p, device=dev)
+    assert cudamem.max_memory_allocated(dev) == 10 * MiB
+    cudamem.reset_peak_memory_stats(dev)
+    assert cudamem.max_memory_allocated(dev) == 0
+    assert cudamem.memory_stats(dev)["allocation.all.allocated"] == 1
+    cudamem.reset_accumulated_memory_stats(dev)
+    assert cudamem.memory_stats(dev)["allocation.all.allocated"] == 0
+
+
+def test_mem_get_info(dev):
+    free, total = cudamem.mem_get_info(dev)
+    assert total == 150_109_880_320  # the simulated H200
+    p = cudamem.malloc(GiB, device=dev)
+    free2, _ = cudamem.mem_get_info(dev)
+    assert free2 <= free - GiB
+    cudamem.free(p, device=dev)
+
+
+def test_devices_are_separate(new_dev):
+    a, b = new_dev(), new_dev()
+    p = cudamem.malloc(8 * MiB, device=a)
+    assert cudamem.memory_allocated(a) == 8 * MiB
+    assert cudamem.memory_allocated(b) == 0
+    with pytest.raises(ValueError, match="invalid device pointer"):
+        cudamem.free(p, device=b)  # no cross-device frees
+    cudamem.free(p, device=a)
+    # torch-style device arguments
+    q = cudamem.malloc(MiB, device=f"cuda:{b}")
+    assert cudamem.memory_allocated(types.SimpleNamespace(type="cuda", index=b)) == MiB
+    cudamem.free(q, device=b)
+
+
+# ------------------------------------------------------------------------------------------
+# Out of memory
+# ------------------------------------------------------------------------------------------
+
+
+def test_oversized_malloc_raises_out_of_memory_and_allocator_keeps_working(dev):
+    keep = cudamem.malloc(MiB, device=dev)
+    with pytest.raises(cudamem.OutOfMemoryError) as exc:
+        cudamem.malloc(10**13, device=dev)
+    msg = str(exc.value)
+    assert "CUDA out of memory. Tried to allocate" in msg
+    assert f"GPU {dev} has a total capacity of 139.80 GiB" in msg
+    assert "[cudamem:" in msg  # cudamem's diagnosis follows PyTorch's message
+    assert isinstance(exc.value, RuntimeError)
+    assert cudamem.memory_stats(dev)["num_ooms"] == 1
+    p = cudamem.malloc(16 * MiB, device=dev)
+    assert cudamem.memory_allocated(dev) == 17 * MiB
+    cudamem.free(p, device=dev)
+    cudamem.free(keep, device=dev)
+    with pytest.raises(cudamem.OutOfMemoryError, match="more than 1EB"):
+        cudamem.malloc(2**62, device=dev)
+
+
+def test_out_of_memory_is_also_torchs_when_torch_is_imported(dev, monkeypatch):
+    # A stand-in for torch: its OutOfMemoryError must catch cudamem's too.
+    fake = types.ModuleType("torch")
+
+    class TorchOOM(RuntimeError):
+        pass
+
+    fake.OutOfMemoryError = TorchOOM
+    fake.cuda = types.SimpleNamespace(is_initialized=lambda: False)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    with pytest.raises(TorchOOM) as exc:
+        cudamem.malloc(10**13, device=dev)
+    assert isinstance(exc.value, cudamem.OutOfMemoryError)
+    assert "CUDA out of memory. Tried to allocate" in str(exc.value)
+
+
+def test_memory_fraction(dev):
+    cudamem.set_per_process_memory_fraction(0.25, device=dev)
+    with pytest.raises(cudamem.OutOfMemoryError, match="allowed;"):
+        cudamem.malloc(40 * GiB, device=dev)
+    p = cudamem.malloc(30 * GiB, device=dev)
+    cudamem.free(p, device=dev)
+    cudamem.set_per_process_memory_fraction(1, device=dev)
+    p = cudamem.malloc(40 * GiB, device=dev)
+    cudamem.free(p, device=dev)
+    cudamem.empty_cache(dev)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf"), "half", None, True, [0.5]])
+def test_bad_fraction_is_a_value_error(dev, bad):
+    with pytest.raises(ValueError, match="fraction must be a float in"):
+        cudamem.set_per_process_memory_fraction(bad, device=dev)
+
+
+# ------------------------------------------------------------------------------------------
+# Bad arguments and settings
+# ------------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_are_value_errors_naming_them(dev):
+    with pytest.raises(ValueError, match="size"):
+        cudamem.malloc(-1, device=dev)
+    with pytest.raises(ValueError, match="size"):
+        cudamem.malloc(1.5, device=dev)
+    with pytest.raises(ValueError, match="stream"):
+        cudamem.malloc(16, device=dev, stream=-3)
+    with pytest.raises(ValueError, match="device"):
+        cudamem.malloc(16, device=-1)
+    with pytest.raises(ValueError, match="device"):
+        cudamem.malloc(16, device=cudamem._cudamem.MAX_DEVICES)
+    with pytest.raises(ValueError, match="device"):
+        cudamem.memory_allocated("cpu")
+    with pytest.raises(ValueError, match="ptr"):
+        cudamem.free(-5, device=dev)
+    p = cudamem.malloc(4096, device=dev)
+    with pytest.raises(ValueError, match="invalid device pointer"):
+        cudamem.free(p + 512, device=dev)  # interior pointer
+    cudamem.free(p, device=dev)
+    with pytest.raises(ValueError, match="invalid device pointer"):
+        cudamem.free(p, device=dev)  # double free
+    with pytest.raises(ValueError, match="invalid device pointer"):
+        cudamem.record_stream(0xDEAD000, 7, device=dev)
+    assert cudamem.memory_allocated(dev) == 0
+
+
+def test_bad_config_is_a_value_error_with_the_parsers_text():
+    with pytest.raises(ValueError) as exc:
+        cudamem.configure(config="max_split_size_mb:banana")
+    assert "max_split_size_mb" in str(exc.value)
+    with pytest.raises(ValueError, match="no_such_option"):
+        cudamem.configure(config="no_such_option:1")
+    with pytest.raises(ValueError, match="unknown policy"):
+        cudamem.configure(policy="fastest")
+    cudamem.configure()  # nothing to change: fine at any time
+
+
+def test_configure_after_first_use_is_a_runtime_error(dev):
+    cudamem.free(cudamem.malloc(16, device=dev), device=dev)
+    with pytest.raises(RuntimeError, match="before the first allocation"):
+        cudamem.configure(policy="pytorch")
+
+
+def _run(code, **env):
+    full = {**os.environ, "CUDAMEM_DEVICE": "sim", **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_bad_settings_from_the_environment():
+    code = (
+        "import cudamem\n"
+        "try:\n    cudamem.malloc(16)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
+    )
+    r = _run(code, CUDAMEM_ALLOC_CONF="garbage_key:1")
+    assert "ValueError:" in r.stdout and "garbage_key" in r.stdout, r.stdout + r.stderr
+    r = _run(code, CUDAMEM_POLICY="nope")
+    assert "ValueError: CUDAMEM_POLICY" in r.stdout, r.stdout + r.stderr
+    r = _run(code, CUDAMEM_DEVICE="tpu")
+    assert "ValueError: CUDAMEM_DEVICE" in r.stdout, r.stdout + r.stderr
+
+
+def test_policy_and_config_in_a_fresh_process():
+    code = (
+        "import cudamem\n"
+        "cudamem.configure(policy='pytorch', config='max_split_size_mb:64')\n"
+        "p = cudamem.malloc(1 << 20)\n"
+        "i = cudamem.info()['allocators'][0]\n"
+        "print(i['policy'], i['config'], cudamem.memory_stats()['max_split_size'])\n"
+        "cudamem.free(p)\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["pytorch", "max_split_size_mb:64", str(64 << 20)]
+    r = _run("import cudamem; p = cudamem.malloc(5); print(cudamem.info()['allocators'][0]['policy'])",
+             CUDAMEM_POLICY="pytorch-expandable")
+    assert r.stdout.strip() == "pytorch-expandable", r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Streams and threads
+# ------------------------------------------------------------------------------------------
+
+
+def test_record_stream(dev):
+    p = cudamem.malloc(2 * MiB, device=dev, stream=0)
+    cudamem.record_stream(p, 0x1234, device=dev)
+    cudamem.free(p, device=dev)
+    assert cudamem.memory_allocated(dev) == 0
+    # Still active until the event recorded on stream 0x1234 is seen complete (at the next
+    # allocation or empty_cache; events complete at once on the simulated device).
+    assert cudamem.memory_stats(dev)["active.all.current"] == 1
+    q = cudamem.malloc(2 * MiB, device=dev)
+    assert cudamem.memory_stats(dev)["active.all.current"] == 1
+    assert q == p  # the block came back and was reused
+    cudamem.free(q, device=dev)
+    assert cudamem.memory_stats(dev)["active.all.current"] == 0
+
+
+def test_threads(dev):
+    errors = []
+
+    def work(seed):
+        try:
+            for i in range(300):
+                p = cudamem.malloc(((seed * 7919 + i * 104729) % (4 * MiB)) + 1, device=dev, stream=seed % 3)
+                cudamem.free(p, device=dev)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert cudamem.memory_allocated(dev) == 0
+    assert cudamem.memory_stats(dev)["allocation.all.allocated"] == 1200
+
+
+# ------------------------------------------------------------------------------------------
+# The C ABI (what PyTorch's CUDAPluggableAllocator calls)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lib():
+    so = ctypes.CDLL(cudamem.library_path())
+    so.cudamem_malloc.restype = ctypes.c_void_p
+    so.cudamem_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.cudamem_free.restype = None
+    so.cudamem_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    so.cudamem_malloc_or_error.restype = ctypes.c_void_p
+    so.cudamem_malloc_or_error.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    so.cudamem_empty_cache.restype = None
+    so.cudamem_empty_cache.argtypes = []
+    so.cudamem_set_memory_fraction.restype = None
+    so.cudamem_set_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+    so.cudamem_record_stream.restype = None
+    so.cudamem_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    so.cudamem_last_error_kind.restype = ctypes.c_int
+    so.cudamem_last_error.restype = ctypes.c_int
+    so.cudamem_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    so.cudamem_unknown_frees.restype = ctypes.c_uint64
+    so.cudamem_memory_allocated.restype = ctypes.c_uint64
+    so.cudamem_memory_allocated.argtypes = [ctypes.c_int]
+    so.cudamem_memory_reserved.restype = ctypes.c_uint64
+    so.cudamem_memory_reserved.argtypes = [ctypes.c_int]
+    return so
+
+
+def test_c_functions_are_exported(lib):
+    for name in ("cudamem_malloc", "cudamem_free", "cudamem_empty_cache", "cudamem_set_memory_fraction",
+                 "cudamem_record_stream", "cudamem_malloc_or_error", "cudamem_last_error",
+                 "cudamem_last_error_kind", "cudamem_set_error_mode", "cudamem_set_error_thrower"):
+        assert ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def test_c_malloc_and_free_move_the_stats(lib, dev):
+    p = lib.cudamem_malloc(5 * MiB, dev, None)
+    assert p
+    assert cudamem.memory_allocated(dev) == 5 * MiB
+    assert lib.cudamem_memory_allocated(dev) == 5 * MiB
+    q = lib.cudamem_malloc(100, dev, ctypes.c_void_p(0x77))
+    assert cudamem.memory_stats(dev)["allocation.all.current"] == 2
+    lib.cudamem_record_stream(q, ctypes.c_void_p(0x99))
+    lib.cudamem_free(p, 5 * MiB, dev, None)
+    lib.cudamem_free(q, 100, dev, ctypes.c_void_p(0x77))
+    assert cudamem.memory_allocated(dev) == 0
+    assert lib.cudamem_memory_reserved(dev) > 0
+    lib.cudamem_empty_cache()  # torch.cuda.empty_cache()
+    assert cudamem.memory_reserved(dev) == 0
+    assert lib.cudamem_malloc(0, dev, None) is None  # size 0: NULL, as PyTorch's allocator
+
+
+def test_c_free_of_unknown_pointer_does_not_crash(lib, dev, capfd):
+    before = lib.cudamem_unknown_frees()
+    lib.cudamem_free(ctypes.c_void_p(0xDEADBEEF000), 64, dev, None)
+    lib.cudamem_free(ctypes.c_void_p(0xDEADBEEF000), 64, dev, None)
+    lib.cudamem_free(ctypes.c_void_p(0x1000), 64, cudamem._cudamem.MAX_DEVICES + 5, None)  # bad device
+    lib.cudamem_free(None, 0, dev, None)  # NULL: ignored silently
+    assert lib.cudamem_unknown_frees() == before + 3
+    err = capfd.readouterr().err
+    if before == 0:
+        assert err.count("ignoring cudamem_free of a pointer it did not allocate") == 1
+    assert cudamem.info()["unknown_frees"] == before + 3
+    # The allocator is fine afterwards.
+    p = lib.cudamem_malloc(MiB, dev, None)
+    lib.cudamem_free(p, MiB, dev, None)
+    assert cudamem.memory_allocated(dev) == 0
+
+
+def test_c_malloc_or_error_reports_out_of_memory(lib, dev):
+    buf = ctypes.create_string_buffer(4096)
+    p = lib.cudamem_malloc_or_error(10**13, dev, None, buf, len(buf))
+    assert p is None
+    assert buf.value.decode().startswith("CUDA out of memory. Tried to allocate")
+    assert lib.cudamem_last_error_kind() == _cudamem.ERR_OOM
+    small = ctypes.create_string_buffer(16)
+    assert lib.cudamem_malloc_or_error(10**13, dev, None, small, len(small)) is None
+    assert small.value == b"CUDA out of mem"  # cut to fit, NUL-terminated
+    buf2 = ctypes.create_string_buffer(256)
+    assert lib.cudamem_last_error(buf2, len(buf2)) == _cudamem.ERR_OOM
+    assert buf2.value.startswith(b"CUDA out of memory")
+    assert lib.cudamem_malloc_or_error(16, -3, None, buf, len(buf)) is None
+    assert lib.cudamem_last_error_kind() == _cudamem.ERR_INVALID
+    assert b"device" in buf.value
+    p = lib.cudamem_malloc_or_error(MiB, dev, None, buf, len(buf))
+    assert p and buf.value == b""
+    lib.cudamem_free(p, MiB, dev, None)
+    assert cudamem.memory_stats(dev)["num_ooms"] == 2
+
+
+def test_c_malloc_out_of_memory_is_not_silent(lib, dev, capfd):
+    assert cudamem.info()["error_mode"] == _cudamem.MODE_RETURN_NULL
+    assert lib.cudamem_malloc(10**13, dev, None) is None
+    assert "CUDA out of memory. Tried to allocate" in capfd.readouterr().err
+    assert lib.cudamem_last_error_kind() == _cudamem.ERR_OOM
+
+
+def test_c_malloc_abort_mode_in_a_subprocess():
+    code = (
+        "import ctypes, cudamem\n"
+        "from cudamem import _cudamem\n"
+        "lib = ctypes.CDLL(cudamem.library_path())\n"
+        "lib.cudamem_malloc.restype = ctypes.c_void_p\n"
+        "lib.cudamem_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]\n"
+        "_cudamem.set_error_mode(_cudamem.MODE_ABORT)\n"
+        "lib.cudamem_malloc(10**13, 0, None)\n"
+        "print('returned')\n"
+    )
+    r = _run(code)
+    assert r.returncode != 0 and "returned" not in r.stdout
+    assert "CUDA out of memory" in r.stderr and "aborting" in r.stderr
+
+
+def test_c_set_memory_fraction(lib, dev):
+    lib.cudamem_set_memory_fraction(0.1, dev)
+    with pytest.raises(cudamem.OutOfMemoryError, match="allowed;"):
+        cudamem.malloc(20 * GiB, device=dev)
+    lib.cudamem_set_memory_fraction(1.0, dev)
+    cudamem.free(cudamem.malloc(20 * GiB, device=dev), device=dev)
+
+
+def test_set_error_mode_validates():
+    with pytest.raises(ValueError):
+        _cudamem.set_error_mode(7)
+    assert _cudamem.set_error_mode(_cudamem.MODE_RETURN_NULL) == _cudamem.MODE_RETURN_NULL
+
+
+# ------------------------------------------------------------------------------------------
+# The C++ shim (against a stand-in for c10/util/Exception.h: torch is not needed)
+# ------------------------------------------------------------------------------------------
+
+
+def _compile(tmp, src, name, extra=()):
+    out = tmp / name
+    cmd = ["g++", "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{HERE / 'fake_c10'}", str(src), "-o", str(out), *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return str(out)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_shim_throws_out_of_memory(tmp_path, dev, lib):
+    src = cudamem_torch.shim_source()
+    assert src.exists() and "cudamem_torch_malloc" in src.read_text()
+    shim = ctypes.CDLL(_compile(tmp_path, src, "shim.so"))
+    harness = ctypes.CDLL(_compile(tmp_path, HERE / "shim_harness.cpp", "harness.so"))
+    harness.harness_malloc.restype = ctypes.c_int
+    harness.harness_malloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p, ctypes.c_size_t]
+    torch_malloc = ctypes.cast(shim.cudamem_torch_malloc, ctypes.c_void_p)
+    out, msg = ctypes.c_void_p(), ctypes.create_string_buffer(8192)
+
+    # Before init: a c10::Error, not a crash.
+    assert harness.harness_malloc(torch_malloc, 16, dev, ctypes.byref(out), msg, len(msg)) == 2
+    assert b"not initialised" in msg.value
+
+    shim.cudamem_torch_shim_init.restype = ctypes.c_int
+    shim.cudamem_torch_shim_init.argtypes = [ctypes.c_void_p] * 3
+    addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    version = shim.cudamem_torch_shim_init(addr(lib.cudamem_malloc_or_error), addr(lib.cudamem_free),
+                                           addr(lib.cudamem_last_error_kind))
+    assert version == cudamem_torch.SHIM_ABI_VERSION
+
+    assert harness.harness_malloc(torch_malloc, 3 * MiB, dev, ctypes.byref(out), msg, len(msg)) == 0
+    assert out.value and cudamem.memory_allocated(dev) == 3 * MiB
+    shim.cudamem_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    shim.cudamem_torch_free(out, 3 * MiB, dev, None)
+    assert cudamem.memory_allocated(dev) == 0
+
+    # Out of memory: c10::OutOfMemoryError with cudamem's message.
+    assert harness.harness_malloc(torch_malloc, 10**13, dev, ctypes.byref(out), msg, len(msg)) == 1
+    assert msg.value.decode().startswith("CUDA out of memory. Tried to allocate")
+    # Another failure (a bad device): c10::Error.
+    assert harness.harness_malloc(torch_malloc, 16, -1, ctypes.byref(out), msg, len(msg)) == 2
+    assert b"device" in msg.value
+    # Size 0: NULL, no exception.
+    assert harness.harness_malloc(torch_malloc, 0, dev, ctypes.byref(out), msg, len(msg)) == 0
+    assert out.value is None
+
+
+def test_install_needs_torch_or_says_why():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            cudamem_torch.install()
+        assert not cudamem_torch.is_installed()
+    else:  # pragma: no cover - torch is not installed in CI
+        with pytest.raises(RuntimeError, match="simulated"):
+            cudamem_torch.install()
+
+
+def test_nan_and_bool_are_not_sizes(dev):
+    with pytest.raises(ValueError, match="size"):
+        cudamem.malloc(True, device=dev)
+    with pytest.raises(ValueError, match="size"):
+        cudamem.malloc(math.nan, device=dev)

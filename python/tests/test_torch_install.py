@@ -1,0 +1,94 @@
+"""cudamem.torch.install() against a stand-in torch (tests/fake_torch; CI has no torch).
+
+Checks what can be checked without PyTorch and a GPU: the shim is compiled (with the command
+install() uses, against stand-in headers and libc10), cached and loaded; the hooks get the right
+function addresses; torch.cuda's stats functions are replaced; a failure in the alloc function
+reaches the caller as a C++ exception — from the shim, and in the no-compiler fallback from
+c10::detail::torchCheckFail called by the Rust function (a C++ exception unwinding through
+Rust) — never as NULL; install() after CUDA initialisation raises RuntimeError.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "fake_torch"
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+
+
+def _gxx(*args):
+    r = subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{HERE / 'fake_c10'}", *map(str, args)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def fake_torch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faketorch")
+    shutil.copytree(FAKE / "torch", root / "torch")
+    for script in ("check_install.py", "check_too_late.py"):
+        shutil.copy(FAKE / script, root / script)
+    (root / "torch" / "lib").mkdir()
+    _gxx(FAKE / "libc10.cpp", "-o", root / "torch" / "lib" / "libc10.so")
+    harness = root / "harness.so"
+    _gxx(HERE / "shim_harness.cpp", "-o", harness)
+    return root, harness
+
+
+def _run(script, fake_torch, tmp_path, *args, **env):
+    root, harness = fake_torch
+    full = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}  # install() wants a CUDA device
+    full.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"),
+                CUDAMEM_CACHE_DIR=str(tmp_path / "cache"), **env)
+    r = subprocess.run([sys.executable, str(root / script), *args, str(harness)], capture_output=True, text=True,
+                       env=full, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+    return r
+
+
+def test_install_with_the_shim(fake_torch, tmp_path):
+    r = _run("check_install.py", fake_torch, tmp_path, "shim")
+    assert "mode shim warnings 0" in r.stdout
+    built = list((tmp_path / "cache").glob("torch_shim-torch0.0.0+fake-*.so"))
+    assert len(built) == 1
+    # Cached: a second process does not compile again (no compiler needed).
+    r = _run("check_install.py", fake_torch, tmp_path, "shim", CXX="/nonexistent/g++")
+    assert list((tmp_path / "cache").glob("*.so")) == built
+
+
+def test_install_without_a_compiler_falls_back(fake_torch, tmp_path):
+    r = _run("check_install.py", fake_torch, tmp_path, "c", CXX="/nonexistent/g++")
+    assert "mode c warnings 1" in r.stdout
+    r = _run("check_install.py", fake_torch, tmp_path, "c", CUDAMEM_TORCH_SHIM="0")
+    assert "mode c warnings 0" in r.stdout
+
+
+def test_install_after_cuda_init_says_so(fake_torch, tmp_path):
+    _run("check_too_late.py", fake_torch, tmp_path)
+
+
+def test_install_rejects_bad_settings_at_once(fake_torch, tmp_path):
+    root, _ = fake_torch
+    code = (
+        "import cudamem.torch as ct\n"
+        "try:\n    ct.install()\nexcept ValueError as e:\n    print('ValueError:', e)\n"
+        "assert not ct.is_installed()\n"
+    )
+    base = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
+    base.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path))
+    for var, value, expect in [("CUDAMEM_ALLOC_CONF", "bogus_key:1", "bogus_key"),
+                               ("CUDAMEM_POLICY", "fastest", "CUDAMEM_POLICY"),
+                               ("CUDAMEM_DEVICE", "tpu", "CUDAMEM_DEVICE")]:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**base, var: value}, cwd=str(tmp_path))
+        assert "ValueError:" in r.stdout and expect in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", "import cudamem.torch as ct\ntry:\n    ct.install()\n"
+                        "except RuntimeError as e:\n    print('RuntimeError:', e)\n"],
+                       capture_output=True, text=True, timeout=120, env={**base, "CUDAMEM_DEVICE": "sim"})
+    assert "RuntimeError:" in r.stdout and "simulated" in r.stdout, r.stdout + r.stderr
