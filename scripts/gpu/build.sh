@@ -79,3 +79,8 @@ objcopy --strip-debug "$quick" "$out2/quickstart"
 } >"$out2/MANIFEST.txt"
 ls -l "$out2"
 du -shc "$out" "$out2"
+
+# The side-by-side replay of the shared traces on the simulated GPU and on cuda:0.
+cargo build -p cudamem-replay --release --example replay_gpu
+mkdir -p gpu-out/replay
+objcopy --strip-debug target/release/examples/replay_gpu gpu-out/replay/replay_gpu
