@@ -837,6 +837,11 @@ pub(crate) type FastHash = std::hash::BuildHasherDefault<FastHasher>;
 /// Interns frames and stacks while a reader builds a [`Trace`]. Keys borrow
 /// from the decoded input, so interning costs no allocation per repeat.
 pub(crate) struct StackInterner<'a> {
+    /// Frames by the identity of their strings: a pickle's memo shares equal strings, so this
+    /// hit avoids hashing their bytes (the content map below is the fallback).
+    by_ptr: HashMap<(usize, usize, i64), u32, FastHash>,
+    /// Stacks by the identity of the frames list (shared lists are decoded once).
+    by_list: HashMap<usize, Option<StackId>, FastHash>,
     frames: HashMap<(&'a str, &'a str, i64), u32, FastHash>,
     frame_list: Vec<(&'a str, &'a str, i64)>,
     stacks: HashMap<Vec<u32>, StackId, FastHash>,
@@ -847,6 +852,8 @@ pub(crate) struct StackInterner<'a> {
 impl<'a> StackInterner<'a> {
     pub(crate) fn new() -> Self {
         StackInterner {
+            by_ptr: HashMap::default(),
+            by_list: HashMap::default(),
             frames: HashMap::default(),
             frame_list: Vec::new(),
             stacks: HashMap::default(),
@@ -862,12 +869,28 @@ impl<'a> StackInterner<'a> {
 
     /// Add a frame to the stack being built.
     pub(crate) fn push(&mut self, name: &'a str, filename: &'a str, line: i64) {
+        let pk = (name.as_ptr() as usize ^ name.len() << 48, filename.as_ptr() as usize ^ filename.len() << 48, line);
+        if let Some(&id) = self.by_ptr.get(&pk) {
+            self.scratch.push(id);
+            return;
+        }
         let next = self.frame_list.len() as u32;
         let id = *self.frames.entry((name, filename, line)).or_insert(next);
         if id == next {
             self.frame_list.push((name, filename, line));
         }
+        self.by_ptr.insert(pk, id);
         self.scratch.push(id);
+    }
+
+    /// The stack already interned for the frames list at `list` (by identity), if any.
+    pub(crate) fn cached_list(&self, list: usize) -> Option<Option<StackId>> {
+        self.by_list.get(&list).copied()
+    }
+
+    /// Remembers the stack of the frames list at `list`.
+    pub(crate) fn cache_list(&mut self, list: usize, id: Option<StackId>) {
+        self.by_list.insert(list, id);
     }
 
     /// Finish the stack; an empty one is `None`.

@@ -323,6 +323,13 @@ impl<'x, 'a> Rd<'x, 'a> {
             return Ok(None);
         };
         let list = self.as_seq(v, "frames")?;
+        // Python shares one frames list between entries: look it up by identity first.
+        let key = list.as_ptr() as usize ^ (list.len() << 48);
+        if !list.is_empty() {
+            if let Some(id) = interner.cached_list(key) {
+                return Ok(id);
+            }
+        }
         interner.begin();
         for (i, f) in list.iter().enumerate() {
             let frame = || -> SR<(&'x str, &'x str, i64)> {
@@ -343,7 +350,11 @@ impl<'x, 'a> Rd<'x, 'a> {
                 Err(e) => return Err(e).at(|| format!(".frames[{i}]")),
             }
         }
-        Ok(interner.finish())
+        let id = interner.finish();
+        if !list.is_empty() {
+            interner.cache_list(key, id);
+        }
+        Ok(id)
     }
 
     fn event(&self, v: &Val<'a>, interner: &mut StackInterner<'x>) -> SR<TraceEvent> {
