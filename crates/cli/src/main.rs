@@ -2,6 +2,7 @@
 //! file only parses arguments and prints.
 
 mod demo;
+mod report_cmds;
 mod size;
 
 use std::path::PathBuf;
@@ -84,6 +85,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Reports: summary, leaks, why, viz (see report_cmds.rs).
+    #[command(flatten)]
+    Report(report_cmds::ReportCommand),
 }
 
 fn main() -> ExitCode {
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         }
         Command::Compare { traces, policies, config, repeats, json } => cmd_compare(&traces, &policies, config, repeats, json),
         Command::Fit { trace, policy, config, json } => cmd_fit(&trace, &policy, config, json),
+        Command::Report(cmd) => report_cmds::run(cmd),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

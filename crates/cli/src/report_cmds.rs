@@ -1,0 +1,144 @@
+//! `cudamem summary | leaks | why | viz`: the reports of `cudamem-report` on the command line.
+//! Each subcommand reads one trace, calls one function of the library, and prints its text or
+//! JSON rendering; errors name the file.
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+use cudamem_report::{leaks, summary, viz, viz_replay, why, At};
+use cudamem_trace::Trace;
+
+/// The report subcommands (flattened into the top-level command list).
+#[derive(Subcommand)]
+pub enum ReportCommand {
+    /// Print PyTorch's memory_summary() table for a trace, at its end and at its reserved peak
+    /// (the trace replayed with the recorded allocator: policy pytorch, the trace's settings).
+    Summary {
+        /// The snapshot or trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
+        trace: PathBuf,
+        /// Print one JSON object instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the allocations still live at the end of a trace (or at a marked point), grouped by
+    /// the stack that allocated them, largest first.
+    Leaks {
+        /// The snapshot or trace file.
+        trace: PathBuf,
+        /// An event index (the state just after it), or an annotation name: NAME, NAME@k
+        /// (k-th occurrence) or NAME@last.
+        #[arg(long)]
+        at: Option<String>,
+        /// How many call sites to print.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        /// Frames printed per call site.
+        #[arg(long, default_value_t = 12)]
+        frames: usize,
+        /// Print one JSON object with every group instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Explain the reserved-but-unallocated memory at the end of a snapshot: what empty_cache()
+    /// would release now, and which live blocks pin the rest.
+    Why {
+        /// The snapshot (a trace without segments is replayed to find the final state).
+        trace: PathBuf,
+        /// How many pinned segments to print.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        /// Print one JSON object with every segment instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one self-contained HTML file (no network access) to explore a trace: active-memory
+    /// timeline, segment map at any event, reserved vs allocated, memory_summary().
+    Viz {
+        /// The snapshot or trace file.
+        trace: PathBuf,
+        /// Output HTML file.
+        #[arg(short = 'o', long = "output", default_value = "report.html")]
+        output: PathBuf,
+        /// Show the replay of this policy (pytorch, pytorch-expandable, cudamem) instead of
+        /// the recorded allocator.
+        #[arg(long)]
+        policy: Option<String>,
+        /// Allocator settings over the trace's own for --policy (PYTORCH_CUDA_ALLOC_CONF syntax).
+        #[arg(long, requires = "policy")]
+        config: Option<String>,
+        /// Page title (default: the trace's file name).
+        #[arg(long)]
+        title: Option<String>,
+    },
+}
+
+fn load(path: &Path) -> Result<Trace, String> {
+    cudamem_trace::read_path(path).map_err(|e| e.to_string())
+}
+
+/// Prefixes an error with the trace's file name unless it already names it.
+fn named(path: &Path, e: String) -> String {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    if e.starts_with(&name) {
+        e
+    } else {
+        format!("{name}: {e}")
+    }
+}
+
+fn json_out(v: serde_json::Value) -> Result<(), String> {
+    println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    Ok(())
+}
+
+/// Runs one report subcommand.
+pub fn run(cmd: ReportCommand) -> Result<(), String> {
+    match cmd {
+        ReportCommand::Summary { trace, json } => {
+            let t = load(&trace)?;
+            let r = summary(&t).map_err(|e| named(&trace, e))?;
+            if json {
+                return json_out(r.to_json());
+            }
+            print!("{r}");
+            Ok(())
+        }
+        ReportCommand::Leaks { trace, at, top, frames, json } => {
+            let t = load(&trace)?;
+            let at = at.as_deref().map_or(At::End, At::parse);
+            let r = leaks(&t, &at).map_err(|e| named(&trace, e))?;
+            if json {
+                return json_out(r.to_json());
+            }
+            print!("{}", r.to_text(top, frames));
+            Ok(())
+        }
+        ReportCommand::Why { trace, top, json } => {
+            let t = load(&trace)?;
+            let r = why(&t).map_err(|e| named(&trace, e))?;
+            if json {
+                return json_out(r.to_json());
+            }
+            print!("{}", r.to_text(top, 5, 6));
+            Ok(())
+        }
+        ReportCommand::Viz { trace, output, policy, config, title } => {
+            let t = load(&trace)?;
+            let title = title.unwrap_or_else(|| match &policy {
+                Some(p) => format!("{} replayed with {p}", t.source),
+                None => t.source.clone(),
+            });
+            let html = match &policy {
+                Some(p) => {
+                    let mut cfg = cudamem_alloc::AllocatorConfig::default();
+                    cudamem_alloc::policy::by_name(p, &mut cfg)?;
+                    viz_replay(&t, p, config, &title).map_err(|e| named(&trace, e))?
+                }
+                None => viz(&t, &title),
+            };
+            std::fs::write(&output, html.as_bytes()).map_err(|e| format!("cannot write {}: {e}", output.display()))?;
+            eprintln!("wrote {} ({} KiB)", output.display(), html.len().div_ceil(1024));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! # Why is memory still reserved?
+//!
+//! [`why`] explains every reserved-but-unallocated byte at the end of a trace: which of it
+//! `empty_cache()` would return to the device now, and which live blocks keep the rest.
+//!
+//! **State.** The snapshot's `segments` when the trace has them (the allocator's own record).
+//! Otherwise (an RMM log, or a snapshot saved without state) the final state is reconstructed
+//! by replaying the trace with the `pytorch` policy and the trace's own settings
+//! ([`crate::replay`]; new segments get the recorded addresses) and taking the allocator's
+//! `snapshot()`; the trace's stacks are carried onto the blocks.
+//!
+//! **Rules** — PyTorch's `empty_cache()` (`release_cached_blocks`) first waits for all
+//! outstanding stream events, so blocks *pending free* (`active_pending_free`) become free and
+//! merge with their free neighbours; then it releases
+//!
+//! * every segment of the default pools with no allocated block (a `cudaMalloc` segment is
+//!   returned whole or not at all: **one allocated block pins the whole segment**), and
+//! * for expandable segments, every whole page that lies inside a free run (pages of 2 MiB in
+//!   the small pool and `large_segment_size`, 20 MiB by default, in the large pool; pages are
+//!   aligned to the segment's start, which PyTorch reports per mapped range). The free bytes of
+//!   a page shared with an allocated block stay mapped: the blocks on either side of the free
+//!   run pin them.
+//!
+//! Segments of a private pool (`segment_pool_id` ≠ (0, 0): CUDA graphs, `MemPool`) are not
+//! released by `empty_cache()` while the pool exists; their free bytes are reported as pinned
+//! by the pool.
+//!
+//! **Guarantee:** for every segment and in the totals,
+//! `reserved = allocated + releasable + pinned`, where `allocated` counts `active_allocated`
+//! blocks (rounded sizes, like `memory_allocated()`), and pending-free bytes count as free.
+
+use std::fmt;
+
+use cudamem_alloc::config::{AllocatorConfig, LARGE_BUFFER};
+use cudamem_trace::{BlockState, Frame, SegmentSnapshot, SegmentType, Trace};
+use serde_json::{json, Value};
+
+use crate::replay::{run, snapshot, RunOptions};
+use crate::{frames_json, human, live_stacks_by_address, write_frames};
+
+/// Small-pool page size of expandable segments.
+const SMALL_PAGE: u64 = 2 << 20;
+
+/// A block that keeps free bytes reserved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PinBlock {
+    /// Address.
+    pub address: u64,
+    /// Block size.
+    pub size: u64,
+    /// Bytes the caller asked for.
+    pub requested_size: u64,
+    /// Frames of its allocation, innermost first (empty when none were recorded).
+    pub frames: Vec<Frame>,
+}
+
+/// Why a segment's free bytes stay reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Nothing stays: the segment has no free byte, or `empty_cache()` releases all of it.
+    None,
+    /// Allocated blocks pin it (a whole `cudaMalloc` segment, or partial pages of an
+    /// expandable one).
+    LiveBlocks,
+    /// It belongs to a private pool (CUDA graph or `MemPool`).
+    PrivatePool,
+}
+
+/// One segment of the final state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SegmentWhy {
+    /// Device ordinal.
+    pub device: i32,
+    /// Base address.
+    pub address: u64,
+    /// Reserved bytes.
+    pub total_size: u64,
+    /// Pool kind.
+    pub segment_type: SegmentType,
+    /// Stream it was allocated for.
+    pub stream: u64,
+    /// `(0, 0)` for the default pools.
+    pub pool_id: (i64, i64),
+    /// Expandable segment (one mapped range of one).
+    pub is_expandable: bool,
+    /// Bytes in allocated blocks.
+    pub allocated: u64,
+    /// Bytes freed by the caller but waiting for stream events (`empty_cache()` waits for them).
+    pub pending_free: u64,
+    /// Bytes `empty_cache()` would release now.
+    pub releasable: u64,
+    /// Free bytes that stay reserved.
+    pub pinned: u64,
+    /// Why `pinned` is not zero.
+    pub reason: Reason,
+    /// The blocks that pin `pinned` bytes (all allocated blocks of a `cudaMalloc` segment;
+    /// the neighbours of partly free pages in an expandable one), in address order.
+    pub pinned_by: Vec<PinBlock>,
+}
+
+/// The result of [`why`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhyReport {
+    /// The trace's name.
+    pub source: String,
+    /// Where the final state came from.
+    pub basis: String,
+    /// Every segment, in (device, address) order.
+    pub segments: Vec<SegmentWhy>,
+    /// Reserved bytes.
+    pub reserved: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+    /// Pending-free bytes (included in `releasable` + `pinned`).
+    pub pending_free: u64,
+    /// Bytes `empty_cache()` would release now.
+    pub releasable: u64,
+    /// Free bytes that stay reserved after `empty_cache()`.
+    pub pinned: u64,
+}
+
+/// Explains the reserved-but-unallocated bytes at the end of `trace` (see the
+/// [module docs](self)).
+pub fn why(trace: &Trace) -> Result<WhyReport, String> {
+    let large_page = AllocatorConfig::parse(&trace.settings.conf).map(|c| c.large_segment_size).unwrap_or(LARGE_BUFFER);
+    if !trace.segments.is_empty() || trace.devices.iter().all(|d| d.events.is_empty()) {
+        let stacks = live_stacks_by_address(trace);
+        let frames_of = |device: i32, b: &cudamem_trace::BlockSnapshot| -> Vec<Frame> {
+            b.stack
+                .or_else(|| stacks.get(&(device, b.address)).copied().flatten())
+                .and_then(|id| trace.stacks.get(id as usize))
+                .map(|s| s.frames.clone())
+                .unwrap_or_default()
+        };
+        let segs = trace.segments.iter().map(|s| explain(s, large_page, &|b| frames_of(s.device, b))).collect();
+        let basis = if trace.segments.is_empty() { "an empty trace" } else { "the snapshot's segments" };
+        return Ok(report(trace.source.clone(), basis.into(), segs));
+    }
+    let r = run(trace, &RunOptions::default())?;
+    let snap = snapshot(trace, &r);
+    let frames_of = |b: &cudamem_trace::BlockSnapshot| -> Vec<Frame> {
+        b.stack.and_then(|id| snap.stacks.get(id as usize)).map(|s| s.frames.clone()).unwrap_or_default()
+    };
+    let segs = snap.segments.iter().map(|s| explain(s, large_page, &frames_of)).collect();
+    Ok(report(
+        trace.source.clone(),
+        "a replay with policy pytorch and the trace's settings (the trace has no segments)".into(),
+        segs,
+    ))
+}
+
+fn report(source: String, basis: String, mut segments: Vec<SegmentWhy>) -> WhyReport {
+    segments.sort_by_key(|s| (s.device, s.address));
+    WhyReport {
+        source,
+        basis,
+        reserved: segments.iter().map(|s| s.total_size).sum(),
+        allocated: segments.iter().map(|s| s.allocated).sum(),
+        pending_free: segments.iter().map(|s| s.pending_free).sum(),
+        releasable: segments.iter().map(|s| s.releasable).sum(),
+        pinned: segments.iter().map(|s| s.pinned).sum(),
+        segments,
+    }
+}
+
+/// Explains one segment; `frames` gives a block's allocation frames.
+pub fn explain(
+    s: &SegmentSnapshot,
+    large_page: u64,
+    frames: &dyn Fn(&cudamem_trace::BlockSnapshot) -> Vec<Frame>,
+) -> SegmentWhy {
+    let sum = |st: BlockState| s.blocks.iter().filter(|b| b.state == st).map(|b| b.size).sum::<u64>();
+    let allocated = sum(BlockState::ActiveAllocated);
+    let pending_free = sum(BlockState::ActivePendingFree);
+    // Blocks tile the segment; trust total_size for the free bytes.
+    let free_total = s.total_size.saturating_sub(allocated);
+    let pin = |b: &cudamem_trace::BlockSnapshot| PinBlock {
+        address: b.address,
+        size: b.size,
+        requested_size: b.requested_size,
+        frames: frames(b),
+    };
+    let mut w = SegmentWhy {
+        device: s.device,
+        address: s.address,
+        total_size: s.total_size,
+        segment_type: s.segment_type,
+        stream: s.stream,
+        pool_id: s.pool_id,
+        is_expandable: s.is_expandable,
+        allocated,
+        pending_free,
+        releasable: 0,
+        pinned: 0,
+        reason: Reason::None,
+        pinned_by: Vec::new(),
+    };
+    if free_total == 0 {
+        return w;
+    }
+    if s.pool_id != (0, 0) {
+        w.pinned = free_total;
+        w.reason = Reason::PrivatePool;
+        return w;
+    }
+    if !s.is_expandable {
+        if allocated == 0 {
+            w.releasable = s.total_size;
+        } else {
+            w.pinned = free_total;
+            w.reason = Reason::LiveBlocks;
+            w.pinned_by = s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(pin).collect();
+        }
+        return w;
+    }
+    // Expandable: whole pages inside free runs (pending blocks merge with free neighbours).
+    let page = if s.segment_type == SegmentType::Small { SMALL_PAGE } else { large_page.max(1) };
+    let mut pinners: Vec<usize> = Vec::new();
+    let mut i = 0;
+    let n = s.blocks.len();
+    while i < n {
+        if s.blocks[i].state == BlockState::ActiveAllocated {
+            i += 1;
+            continue;
+        }
+        let start = s.blocks[i].address;
+        let mut j = i;
+        while j < n && s.blocks[j].state != BlockState::ActiveAllocated {
+            j += 1;
+        }
+        let end = s.blocks[j - 1].address + s.blocks[j - 1].size;
+        let off = |a: u64| a.saturating_sub(s.address);
+        let first = off(start).div_ceil(page) * page;
+        let last = off(end) / page * page;
+        let whole = last.saturating_sub(first);
+        w.releasable += whole;
+        if end - start > whole {
+            if i > 0 {
+                pinners.push(i - 1);
+            }
+            if j < n {
+                pinners.push(j);
+            }
+        }
+        i = j;
+    }
+    w.pinned = free_total - w.releasable.min(free_total);
+    if w.pinned > 0 {
+        w.reason = Reason::LiveBlocks;
+        pinners.sort_unstable();
+        pinners.dedup();
+        w.pinned_by = pinners.into_iter().map(|k| pin(&s.blocks[k])).collect();
+    }
+    w
+}
+
+impl WhyReport {
+    /// Segments whose free bytes stay reserved, most pinned bytes first.
+    pub fn pinned_segments(&self) -> Vec<&SegmentWhy> {
+        let mut v: Vec<&SegmentWhy> = self.segments.iter().filter(|s| s.pinned > 0).collect();
+        v.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.address.cmp(&b.address)));
+        v
+    }
+
+    /// The one-paragraph answer: "empty_cache() would release X now; Y stays reserved because
+    /// N live blocks pin M segments".
+    pub fn headline(&self) -> String {
+        let pinned = self.pinned_segments();
+        let releasable_segs = self.segments.iter().filter(|s| s.releasable > 0).count();
+        let mut s = format!(
+            "empty_cache() would release {} now ({} segment{}{})",
+            human(self.releasable),
+            releasable_segs,
+            if releasable_segs == 1 { "" } else { "s" },
+            if self.segments.iter().any(|s| s.is_expandable && s.releasable > 0 && s.releasable < s.total_size) {
+                ", counting partly released expandable ones"
+            } else {
+                ""
+            }
+        );
+        if self.pinned == 0 {
+            s.push_str("; nothing else stays reserved but the allocated blocks");
+        } else {
+            let blocks: usize = pinned.iter().map(|p| p.pinned_by.len()).sum();
+            let by_pool = pinned.iter().filter(|p| p.reason == Reason::PrivatePool).count();
+            s.push_str(&format!("; {} stays reserved because ", human(self.pinned)));
+            let mut parts = Vec::new();
+            if blocks > 0 {
+                let segs = pinned.iter().filter(|p| p.reason == Reason::LiveBlocks).count();
+                parts.push(format!(
+                    "{} live block{} pin{} {} segment{}",
+                    blocks,
+                    if blocks == 1 { "" } else { "s" },
+                    if blocks == 1 { "s" } else { "" },
+                    segs,
+                    if segs == 1 { "" } else { "s" }
+                ));
+            }
+            if by_pool > 0 {
+                parts.push(format!("{by_pool} segment{} belong to private pools", if by_pool == 1 { "" } else { "s" }));
+            }
+            s.push_str(&parts.join(" and "));
+        }
+        s
+    }
+
+    /// The text rendering: totals, the headline, then the `top` most pinned segments with at
+    /// most `blocks` pinning blocks each and `frames` frames per block.
+    pub fn to_text(&self, top: usize, blocks: usize, frames: usize) -> String {
+        use fmt::Write;
+        let mut s = String::new();
+        let free = self.reserved - self.allocated;
+        let _ = writeln!(
+            s,
+            "{} (from {}): reserved {}, allocated {}, free in the cache {}",
+            self.source,
+            self.basis,
+            human(self.reserved),
+            human(self.allocated),
+            human(free)
+        );
+        if self.pending_free > 0 {
+            let _ = writeln!(
+                s,
+                "({} of the free bytes are blocks freed but still used by other streams; empty_cache() waits for them first)",
+                human(self.pending_free)
+            );
+        }
+        let pinned = self.pinned_segments();
+        let _ = write!(s, "\n{}", self.headline());
+        s.push_str(if pinned.is_empty() { ".\n" } else { ":\n" });
+        let multi = self.segments.iter().any(|x| x.device != self.segments[0].device);
+        for p in pinned.iter().take(top) {
+            let dev = if multi { format!("device {} ", p.device) } else { String::new() };
+            let kind = format!(
+                "{}{} pool, stream {}",
+                if p.is_expandable { "expandable, " } else { "" },
+                p.segment_type.as_str(),
+                p.stream
+            );
+            match p.reason {
+                Reason::PrivatePool => {
+                    let _ = writeln!(
+                        s,
+                        "\n  {dev}segment {:#x} ({}, {kind}): {} free, held by private pool {:?} (CUDA graph or MemPool)",
+                        p.address,
+                        human(p.total_size),
+                        human(p.pinned),
+                        p.pool_id
+                    );
+                }
+                _ => {
+                    let what = if p.is_expandable { "in partly used pages, next to" } else { "pinned by" };
+                    let _ = writeln!(
+                        s,
+                        "\n  {dev}segment {:#x} ({}, {kind}): {} free {what} {} live block{}:",
+                        p.address,
+                        human(p.total_size),
+                        human(p.pinned),
+                        p.pinned_by.len(),
+                        if p.pinned_by.len() == 1 { "" } else { "s" }
+                    );
+                    for b in p.pinned_by.iter().take(blocks) {
+                        let _ = writeln!(
+                            s,
+                            "      {} at {:#x} (requested {})",
+                            human(b.size),
+                            b.address,
+                            human(b.requested_size)
+                        );
+                        write_frames(&mut s, &b.frames, frames, "          ");
+                    }
+                    if p.pinned_by.len() > blocks {
+                        let _ = writeln!(s, "      ... {} more blocks", p.pinned_by.len() - blocks);
+                    }
+                }
+            }
+        }
+        if pinned.len() > top {
+            let rest: u64 = pinned[top..].iter().map(|p| p.pinned).sum();
+            let _ = writeln!(s, "\n  ... {} more pinned segments hold {}", pinned.len() - top, human(rest));
+        }
+        let rel: Vec<&SegmentWhy> = self.segments.iter().filter(|x| x.releasable > 0).collect();
+        if !rel.is_empty() {
+            let _ = writeln!(s, "\nreleasable now:");
+            for r in rel.iter().take(top) {
+                let _ = writeln!(
+                    s,
+                    "  segment {:#x} ({}, {} pool{}): {}{}",
+                    r.address,
+                    human(r.total_size),
+                    r.segment_type.as_str(),
+                    if r.is_expandable { ", expandable" } else { "" },
+                    human(r.releasable),
+                    if r.is_expandable && r.releasable < r.total_size { " of whole free pages" } else { "" }
+                );
+            }
+            if rel.len() > top {
+                let _ = writeln!(s, "  ... {} more segments", rel.len() - top);
+            }
+        }
+        s
+    }
+
+    /// The report as JSON (every segment; sizes in bytes).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "trace": self.source,
+            "basis": self.basis,
+            "reserved": self.reserved,
+            "allocated": self.allocated,
+            "pending_free": self.pending_free,
+            "releasable": self.releasable,
+            "pinned": self.pinned,
+            "headline": self.headline(),
+            "segments": self.segments.iter().map(|s| json!({
+                "device": s.device,
+                "address": s.address,
+                "total_size": s.total_size,
+                "segment_type": s.segment_type.as_str(),
+                "stream": s.stream,
+                "pool_id": [s.pool_id.0, s.pool_id.1],
+                "is_expandable": s.is_expandable,
+                "allocated": s.allocated,
+                "pending_free": s.pending_free,
+                "releasable": s.releasable,
+                "pinned": s.pinned,
+                "reason": match s.reason { Reason::None => "none", Reason::LiveBlocks => "live_blocks", Reason::PrivatePool => "private_pool" },
+                "pinned_by": s.pinned_by.iter().map(|b| json!({
+                    "address": b.address, "size": b.size, "requested_size": b.requested_size,
+                    "frames": frames_json(&b.frames),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl fmt::Display for WhyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text(10, 5, 6))
+    }
+}
