@@ -2,6 +2,7 @@
 //! file only parses arguments and prints.
 
 mod demo;
+mod fidelity;
 mod report_cmds;
 mod size;
 
@@ -33,7 +34,8 @@ enum Command {
         #[arg(long, default_value = "8GiB", value_parser = parse_size)]
         capacity: u64,
     },
-    /// Replay a PyTorch memory snapshot (or RMM log, or cudamem trace) on a simulated GPU.
+    /// Replay a PyTorch memory snapshot (or RMM log, or cudamem trace) on a simulated GPU (or a
+    /// real one with --device cuda:N).
     Replay {
         /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
         trace: PathBuf,
@@ -49,6 +51,13 @@ enum Command {
         /// Timed repetitions for replay_ns_per_op.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Where to replay: sim (the simulated GPU) or cuda:N (a real GPU).
+        #[arg(long, default_value = "sim")]
+        device: String,
+        /// Time warm passes (the cache already filled by a first pass), as a training loop's
+        /// later steps see it.
+        #[arg(long)]
+        warm: bool,
         /// Print exactly one JSON object.
         #[arg(long)]
         json: bool,
@@ -85,7 +94,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Reports: summary, leaks, why, viz (see report_cmds.rs).
+    /// The fidelity table: each trace's own segment history next to its replay with PyTorch's
+    /// policy (and the live expandable-segments peak saved beside the trace, if any).
+    Fidelity {
+        /// Trace files.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+    },
+    // Reports: summary, leaks, why, viz (see report_cmds.rs).
     #[command(flatten)]
     Report(report_cmds::ReportCommand),
 }
@@ -94,9 +110,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Demo { capacity } => demo::run(capacity),
-        Command::Replay { trace, policy, config, capacity, repeats, json } => {
-            cmd_replay(&trace, policy, config, capacity, repeats, json)
+        Command::Replay { trace, policy, config, capacity, repeats, device, warm, json } => {
+            cmd_replay(&trace, ReplayArgs { policy, config, capacity, repeats, device, warm }, json)
         }
+        Command::Fidelity { traces } => fidelity::run(&traces),
         Command::Compare { traces, policies, config, repeats, json } => cmd_compare(&traces, &policies, config, repeats, json),
         Command::Fit { trace, policy, config, json } => cmd_fit(&trace, &policy, config, json),
         Command::Report(cmd) => report_cmds::run(cmd),
@@ -169,18 +186,48 @@ fn to_json(r: &ReplayResult) -> Value {
     })
 }
 
-fn cmd_replay(path: &PathBuf, policy: String, config: Option<String>, capacity: Option<u64>, repeats: usize, json: bool) -> Result<(), String> {
-    policies(&policy)?;
+/// The options of `cudamem replay`.
+struct ReplayArgs {
+    policy: String,
+    config: Option<String>,
+    capacity: Option<u64>,
+    repeats: usize,
+    device: String,
+    warm: bool,
+}
+
+fn cmd_replay(path: &PathBuf, a: ReplayArgs, json: bool) -> Result<(), String> {
+    policies(&a.policy)?;
+    if a.device != "sim" && a.capacity.is_some() {
+        return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
+    }
+    // A spinner on stderr while loading and replaying; hidden with --json, and by indicatif when
+    // stderr is not a terminal. It only draws after a second, so quick runs print nothing.
+    let spinner = if json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    let started = std::time::Instant::now();
+    let tick = |msg: &str| {
+        if started.elapsed().as_secs_f64() > 1.0 {
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        }
+        spinner.set_message(msg.to_string());
+    };
+    tick(&format!("loading {}", path.display()));
     let trace = load(path)?;
+    tick(&format!("replaying {} ({} events)", path.display(), trace.num_events()));
     let opts = ReplayOptions {
-        policy,
-        config,
-        capacity: capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
-        repeats,
+        policy: a.policy,
+        config: a.config,
+        capacity: a.capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
+        repeats: a.repeats,
         plan_addresses: None,
+        deferred_frees: a.device == "sim",
+        device: a.device,
+        warm: a.warm,
         ..ReplayOptions::default()
     };
-    let r = cudamem_replay::replay(&trace, &opts)?;
+    let r = cudamem_replay::replay(&trace, &opts);
+    spinner.finish_and_clear();
+    let r = r?;
     if json {
         println!("{}", to_json(&r));
         return Ok(());
