@@ -37,13 +37,25 @@ Errors: out of memory raises :class:`OutOfMemoryError` (a ``RuntimeError``; when
 imported the raised object is also a ``torch.OutOfMemoryError``) carrying PyTorch's message
 ("CUDA out of memory. Tried to allocate ...") and cudamem's diagnosis (largest free cached
 block, fragmentation). Bad arguments and bad configuration strings raise ``ValueError``.
+
+Memory history and snapshots mirror ``torch.cuda.memory``'s: :func:`record_memory_history`
+(``_record_memory_history``), :func:`snapshot` (``_snapshot``), :func:`dump_snapshot`
+(``_dump_snapshot``), with PyTorch's schema, so that ``python -m torch.cuda._memory_viz`` and
+pytorch.org/memory_viz open cudamem's snapshots. Allocations record the Python stack of the
+thread that allocates. :func:`report_leaks`, :func:`report_why`, :func:`report_summary` and
+:func:`viz` are cudamem's reports over a snapshot (a dict, bytes or a file).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
+import json as _json
+import os
+import pickle
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple, Union
 
 from . import _cudamem
 
@@ -67,6 +79,15 @@ __all__ = [
     "configure",
     "info",
     "library_path",
+    "record_memory_history",
+    "snapshot",
+    "dump_snapshot",
+    "annotate",
+    "annotate_region",
+    "report_summary",
+    "report_leaks",
+    "report_why",
+    "viz",
 ]
 
 __version__ = _cudamem.__version__
@@ -265,6 +286,182 @@ def info() -> dict:
 def library_path() -> str:
     """The path of the shared library exporting the C ABI (``cudamem_malloc``, ...)."""
     return _cudamem.__file__
+
+
+# --------------------------------------------------------------------------------------------
+# Memory history and snapshots (torch.cuda.memory._record_memory_history, _snapshot, ...)
+# --------------------------------------------------------------------------------------------
+
+# Stop gathering Python stacks when the interpreter shuts down: a thread that allocates during
+# finalization must not wait for the GIL.
+atexit.register(_cudamem._at_exit)
+
+
+def _device_or_all(device: Any) -> Optional[int]:
+    return None if device is None else _device_index(device)
+
+
+def record_memory_history(
+    enabled: Union[str, bool, None] = "all",
+    context: Optional[str] = "all",
+    stacks: str = "python",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+) -> None:
+    """Starts or stops recording the allocator's history, like
+    ``torch.cuda.memory._record_memory_history``.
+
+    Args:
+        enabled: ``"all"`` records every event (alloc, free_requested, free_completed,
+            segment_alloc, segment_free, segment_map, segment_unmap, oom, snapshot) in a ring of
+            ``max_entries``; ``"state"`` keeps only the stacks of live blocks (the ring holds one
+            entry); ``None`` stops recording and clears the ring. ``True``/``False`` mean
+            ``"all"``/``None``.
+        context: which events carry the Python stack of the thread that allocated or freed:
+            ``"state"`` live blocks only (in :func:`snapshot`'s segments), ``"alloc"`` also the
+            alloc entries, ``"all"`` also the frees; ``None`` no stacks (and no cost on the
+            allocation path).
+        stacks: ``"python"``, or ``"all"`` (accepted for PyTorch's sake; cudamem records Python
+            frames only, no C++ frames).
+        max_entries: the ring's size (forced to 1 unless ``enabled == "all"``, as PyTorch does).
+        device: ``None`` (default) for every device, those in use and those used later
+            (PyTorch's setting is global); or one device.
+        clear_history: empty the ring first.
+
+    Stacks are those of the thread that calls the allocator: through PyTorch, the Python code
+    that created the tensor (innermost frame first); an allocation from a thread without Python
+    code (autograd's engine threads) has no frames.
+    """
+    if isinstance(enabled, bool):
+        enabled = "all" if enabled else None
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
+        raise ValueError(f"max_entries must be a non-negative int, got {max_entries!r}")
+    _cudamem.record_memory_history(
+        enabled, context, stacks, min(max_entries, 2**64 - 1), _device_or_all(device), bool(clear_history)
+    )
+
+
+def snapshot(device: Any = None) -> dict:
+    """The allocator's state and recorded history in PyTorch's schema, like
+    ``torch.cuda.memory._snapshot()``: a dict with
+
+    * ``segments``: one dict per segment (``device``, ``address``, ``total_size``,
+      ``allocated_size``, ``active_size``, ``requested_size``, ``stream``, ``segment_type``
+      "large"/"small", ``segment_pool_id``, ``is_expandable``, ``frames``, ``blocks``: dicts of
+      ``address``, ``size``, ``requested_size``, ``state`` ("active_allocated",
+      "active_pending_free", "inactive") and ``frames``);
+    * ``device_traces``: one list of history entries per device ordinal (``action``, ``addr``
+      or ``device_free`` for "oom", ``size``, ``stream``, ``time_us``, ``frames`` when recorded,
+      ``compile_context``, ``user_metadata``);
+    * ``allocator_settings`` (``PYTORCH_CUDA_ALLOC_CONF``, ``max_split_size``, ...);
+    * ``external_annotations``: the :func:`annotate` entries (``stage``, ``name``, ``device``,
+      ``time_us``).
+
+    ``device=None`` gives every device (as PyTorch does); a device gives that one. Frames are
+    ``{"name", "filename", "line"}`` dicts, innermost first; identical stacks share one list.
+    While recording, taking a snapshot records a ``snapshot`` entry (as in PyTorch). Times are
+    microseconds since the device's allocator was created.
+    """
+    return _cudamem.snapshot(_device_or_all(device))
+
+
+def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle", device: Any = None) -> None:
+    """Writes :func:`snapshot` to ``filename`` as a pickle, like
+    ``torch.cuda.memory._dump_snapshot``: ``python -m torch.cuda._memory_viz stats|trace FILE``,
+    pytorch.org/memory_viz and ``cudamem viz`` open it."""
+    data = snapshot(device)
+    with open(filename, "wb") as f:
+        pickle.dump(data, f)
+
+
+def annotate(name: str, stage: str = "START", device: Any = None) -> None:
+    """Records an annotation in the history (``external_annotations`` of :func:`snapshot`, and
+    an ``annotate`` entry in the device's trace): ``stage`` is ``"START"`` or ``"END"`` of the
+    region ``name``, as PyTorch records ``record_function`` ranges. ``device=None``: every
+    device in use. Nothing is recorded where history is off."""
+    if not isinstance(name, str) or not isinstance(stage, str):
+        raise ValueError(f"name and stage must be str, got {name!r}, {stage!r}")
+    _cudamem.annotate(name, stage, _device_or_all(device))
+
+
+@contextlib.contextmanager
+def annotate_region(name: str, device: Any = None) -> Iterator[None]:
+    """``with cudamem.annotate_region("forward"): ...`` records ``START`` and ``END``
+    annotations around the block (``END`` also when it raises)."""
+    annotate(name, "START", device)
+    try:
+        yield
+    finally:
+        annotate(name, "END", device)
+
+
+# --------------------------------------------------------------------------------------------
+# Reports (crate cudamem-report): what `cudamem summary|leaks|why|viz` print
+# --------------------------------------------------------------------------------------------
+
+
+def _trace_bytes(trace: Any) -> Tuple[bytes, str]:
+    """(bytes, name) of a snapshot dict (or a bare segments list), bytes, or a file path."""
+    if isinstance(trace, (dict, list)):
+        return pickle.dumps(trace, protocol=4), "<snapshot>"
+    if isinstance(trace, (bytes, bytearray, memoryview)):
+        return bytes(trace), "<bytes>"
+    if isinstance(trace, (str, os.PathLike)):
+        path = os.fspath(trace)
+        with open(path, "rb") as f:
+            return f.read(), os.path.basename(path)
+    raise TypeError(
+        f"expected a snapshot dict (cudamem.snapshot()), bytes or a file path, got {type(trace).__name__}"
+    )
+
+
+def report_summary(trace: Any, json: bool = False) -> Union[str, dict]:
+    """``memory_summary()`` tables at the end of the trace and at its reserved peak (replayed
+    with PyTorch's algorithm and the trace's settings). ``trace``: a snapshot dict
+    (:func:`snapshot`), the bytes of a snapshot pickle (plain or gzip'd) or another trace format
+    cudamem reads, or a file path. Returns the text, or with ``json=True`` a dict."""
+    data, source = _trace_bytes(trace)
+    text = _cudamem._report_summary(data, source, bool(json))
+    return _json.loads(text) if json else text
+
+
+def report_leaks(trace: Any, at: Optional[str] = None, top: int = 10, frames: int = 12, json: bool = False) -> Union[str, dict]:
+    """What is still allocated, grouped by the stack that allocated it, largest first: at the
+    end of the trace (the snapshot's live blocks), or at ``at`` (an event index as a string, or
+    an annotation ``NAME``, ``NAME@k``, ``NAME@last``). Text with the ``top`` groups and
+    ``frames`` frames each, or with ``json=True`` a dict of all groups."""
+    data, source = _trace_bytes(trace)
+    text = _cudamem._report_leaks(data, source, None if at is None else str(at), int(top), int(frames), bool(json))
+    return _json.loads(text) if json else text
+
+
+def report_why(trace: Any, top: int = 10, json: bool = False) -> Union[str, dict]:
+    """Why memory stays reserved: which cached bytes ``empty_cache()`` would release, and which
+    live blocks (with their stacks) pin the rest of their segments."""
+    data, source = _trace_bytes(trace)
+    text = _cudamem._report_why(data, source, int(top), 5, 6, bool(json))
+    return _json.loads(text) if json else text
+
+
+def viz(
+    trace: Any,
+    out_html: Union[str, "os.PathLike[str]"] = "cudamem_viz.html",
+    title: Optional[str] = None,
+    policy: Optional[str] = None,
+    config: Optional[str] = None,
+) -> str:
+    """Writes cudamem's self-contained HTML viewer of the trace to ``out_html`` (no network
+    needed to open it): the active-memory timeline with stacks, the segment map at any event,
+    reserved vs allocated, and ``memory_summary()`` tables. With ``policy`` (e.g.
+    ``"cudamem"``) it shows the trace replayed with that policy (``config``: settings over the
+    trace's). Returns the path written."""
+    data, source = _trace_bytes(trace)
+    html = _cudamem._report_viz(data, source, title, policy, config)
+    path = os.fspath(out_html)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(html)
+    return path
 
 
 def __getattr__(name: str):

@@ -53,11 +53,19 @@ What changes for the rest of torch
   getDeviceStats" with any pluggable allocator. :func:`install` (with ``patch_torch_stats=True``,
   the default) replaces them in ``torch.cuda`` and ``torch.cuda.memory`` by cudamem's, which
   return the same keys and table.
+* Memory history and snapshots: PyTorch's ``torch.cuda.memory._record_memory_history``,
+  ``_snapshot``, ``_dump_snapshot`` and ``memory_snapshot`` raise with any pluggable allocator;
+  :func:`install` (``patch_torch_stats=True``) replaces them by cudamem's
+  (:func:`cudamem.record_memory_history`, ...), which record the Python stack of each
+  allocation and write PyTorch's snapshot schema, so ``torch.cuda._memory_viz`` works on the
+  dumps. ``install(record_history=True)`` starts recording at once. PyTorch's
+  ``record_function`` ranges are not recorded as annotations (use
+  :func:`cudamem.annotate_region`).
 * Not supported while installed (PyTorch's pluggable-allocator limits): CUDA graphs and their
   private pools (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``),
-  ``torch.cuda.MemPool``, memory snapshots and ``_record_memory_history``, CUDA IPC of
-  tensors between processes. cuDNN autotuning (``torch.backends.cudnn.benchmark = True``)
-  queries the allocator's ``cacheInfo``, which pluggable allocators refuse.
+  ``torch.cuda.MemPool``, CUDA IPC of tensors between processes. cuDNN autotuning
+  (``torch.backends.cudnn.benchmark = True``) queries the allocator's ``cacheInfo``, which
+  pluggable allocators refuse.
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import cudamem
 from cudamem import _cudamem
@@ -223,6 +231,7 @@ def install(
     patch_torch_stats: bool = True,
     use_shim: Optional[bool] = None,
     verbose: bool = False,
+    record_history: Union[bool, Dict[str, Any]] = False,
 ) -> None:
     """Makes cudamem PyTorch's CUDA allocator for the rest of the process.
 
@@ -232,12 +241,18 @@ def install(
         config: a ``PYTORCH_CUDA_ALLOC_CONF``-style string (default: ``$CUDAMEM_ALLOC_CONF``,
             else ``$PYTORCH_CUDA_ALLOC_CONF``).
         patch_torch_stats: route ``torch.cuda.memory_allocated``, ``memory_stats``,
-            ``memory_summary``, ``max_memory_*``, ``reset_*`` to cudamem (they raise with any
-            pluggable allocator otherwise).
+            ``memory_summary``, ``max_memory_*``, ``reset_*``, and the history and snapshot
+            functions ``torch.cuda.memory._record_memory_history``, ``_snapshot``,
+            ``_dump_snapshot``, ``memory_snapshot`` to cudamem (they raise with any pluggable
+            allocator otherwise).
         use_shim: True requires the C++ shim (raise if it cannot be built), False never builds
             it, None (default) builds it and falls back with a warning. ``CUDAMEM_TORCH_SHIM=0``
             means False.
         verbose: print the compiler command.
+        record_history: start recording the memory history now, on every device:
+            ``True`` for :func:`cudamem.record_memory_history`'s defaults (every event, Python
+            stacks on allocations and frees), or a dict of its arguments
+            (``{"max_entries": 100000}``).
 
     Raises:
         RuntimeError: CUDA was already used in this process (install() must come first), or
@@ -249,6 +264,7 @@ def install(
         if is_installed():
             if policy is not None or config is not None:
                 cudamem.configure(policy, config)  # raises if it would change anything in use
+            _start_history(record_history)
             return
         import torch
 
@@ -314,6 +330,18 @@ def install(
         _state.update(mode=mode, allocator=allocator, rust=rust, shim=shim)
         if patch_torch_stats:
             _patch_torch_stats(torch)
+        _start_history(record_history)
+
+
+def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
+    if record_history is None or record_history is False:
+        return
+    if record_history is True:
+        cudamem.record_memory_history()
+    elif isinstance(record_history, dict):
+        cudamem.record_memory_history(**record_history)
+    else:
+        raise ValueError(f"record_history must be a bool or a dict of record_memory_history's arguments, got {record_history!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,10 +361,89 @@ _PATCHED = {
 }
 
 
+# torch.cuda.memory's history and snapshot functions, with torch's signatures.
+
+
+_HISTORY_ARGS = ("context", "stacks", "max_entries", "device", "clear_history")
+# torch.cuda.memory._record_memory_history_legacy, chosen by a bool first argument.
+_HISTORY_ARGS_LEGACY = (
+    "record_context", "trace_alloc_max_entries", "trace_alloc_record_context", "device", "record_context_cpp",
+    "clear_history",
+)  # fmt: skip
+
+
+def _torch_record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+    """cudamem's memory history, with ``torch.cuda.memory._record_memory_history``'s
+    arguments (see :func:`cudamem.record_memory_history`): ``enabled``, ``context``, ``stacks``,
+    ``max_entries``, ``device``, ``clear_history``. As in PyTorch the setting is global
+    (``device`` is ignored) and ``stacks`` defaults to ``"all"`` (cudamem records Python frames
+    only). The legacy form (a bool first, then ``record_context``, ``trace_alloc_max_entries``,
+    ``trace_alloc_record_context``, ...) is accepted. Arguments of newer torch versions
+    (``compile_context``, ``global_record_annotations``, ``skip_actions``, ...) are ignored."""
+    names = _HISTORY_ARGS_LEGACY if isinstance(enabled, bool) else _HISTORY_ARGS
+    a = dict(zip(names, args))  # positional arguments past these (newer torch's) are ignored
+    for k, v in kwargs.items():
+        if k in a:
+            raise TypeError(f"_record_memory_history() got multiple values for argument {k!r}")
+        a[k] = v
+    clear = bool(a.get("clear_history", False))
+    if isinstance(enabled, bool):
+        if not enabled:
+            cudamem.record_memory_history(None, clear_history=clear)
+            return
+        # PyTorch's legacy: context ALLOC if trace_alloc_record_context, else STATE if
+        # record_context; the ring holds trace_alloc_max_entries.
+        if a.get("trace_alloc_record_context", False):
+            context = "alloc"
+        elif a.get("record_context", True):
+            context = "state"
+        else:
+            context = None
+        n = max(int(a.get("trace_alloc_max_entries", 1)), 1)
+        cudamem.record_memory_history("all", context, "python", n, None, clear)
+        return
+    stacks = a.get("stacks", "all")
+    cudamem.record_memory_history(
+        enabled,
+        a.get("context", "all"),
+        "python" if stacks in ("python", "all") else stacks,
+        a.get("max_entries", sys.maxsize),
+        None,
+        clear,
+    )
+
+
+def _torch_snapshot(device: Any = None, *args: Any, **kwargs: Any) -> dict:
+    """cudamem's :func:`cudamem.snapshot` of every device, as ``torch.cuda.memory._snapshot``."""
+    return cudamem.snapshot()
+
+
+def _torch_dump_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:
+    """cudamem's :func:`cudamem.dump_snapshot` of every device, as
+    ``torch.cuda.memory._dump_snapshot``."""
+    cudamem.dump_snapshot(filename)
+
+
+def _torch_memory_snapshot(*args: Any, **kwargs: Any) -> list:
+    """The ``segments`` of :func:`cudamem.snapshot`, as ``torch.cuda.memory_snapshot``."""
+    return cudamem.snapshot()["segments"]
+
+
+_PATCHED_HISTORY = {
+    "_record_memory_history": _torch_record_memory_history,
+    "_snapshot": _torch_snapshot,
+    "_dump_snapshot": _torch_dump_snapshot,
+    "memory_snapshot": _torch_memory_snapshot,
+}
+
+
 def _patch_torch_stats(torch: Any) -> None:
     # torch.cuda.memory's other helpers (memory_cached, reset_max_memory_allocated, ...) call
     # these through the module's globals, so replacing them there covers those too.
     for module in (torch.cuda.memory, torch.cuda):
         for name, fn in _PATCHED.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)
+        for name, fn in _PATCHED_HISTORY.items():
             if hasattr(module, name):
                 setattr(module, name, fn)

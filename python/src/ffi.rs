@@ -41,15 +41,21 @@
 //!   (`cudamem_unknown_frees`). The hooks (`empty_cache`, `set_memory_fraction`,
 //!   `record_stream`) cannot return errors to PyTorch: they report failures on stderr.
 //! * Size 0 returns NULL, as PyTorch's own allocator does; freeing NULL does nothing.
+//! * **Memory history.** While a device records its history with stacks
+//!   (`cudamem.record_memory_history`), `cudamem_malloc` / `cudamem_malloc_or_error` (and, with
+//!   context "all", `cudamem_free`) record the calling thread's Python stack: the GIL is taken
+//!   (or re-entered), the frames read, the GIL released, and only then is the allocator locked
+//!   (see [`crate::history`]). Otherwise the only cost is one atomic load.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_double, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-use cudamem_alloc::AllocError;
+use cudamem_alloc::{AllocError, Frame};
 use cudamem_device::StreamId;
 
+use crate::history::{self, STACKS_ALL};
 use crate::registry::{self, RegistryError};
 
 /// No error.
@@ -178,15 +184,54 @@ unsafe fn write_c_string(msg: &str, buf: *mut c_char, len: usize) {
     }
 }
 
-fn malloc_impl(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, CError> {
-    guarded("cudamem_malloc", || {
-        if size == 0 {
-            return Ok(std::ptr::null_mut());
+/// Where the stack recorded in the memory history for an allocation or a free comes from.
+pub enum StackSource {
+    /// The calling thread's Python stack, gathered (taking the GIL) only if the device records
+    /// history with stacks: C callers, such as PyTorch's alloc and free functions.
+    Gather,
+    /// Given by the caller: the Python API gathers it with the GIL it holds.
+    Given(Option<Vec<Frame>>),
+}
+
+/// The frames to record for a call on `device`: gathered (C callers) only when the device
+/// records stacks for this kind of call (`mode` [`history::STACKS_ALLOC`] for allocations,
+/// [`STACKS_ALL`] for frees).
+///
+/// Runs outside `catch_unwind` on purpose: taking the GIL while the interpreter shuts down
+/// makes CPython end the thread with `pthread_exit`, a forced unwind, which must pass through
+/// (as it passes through PyTorch's own allocator); `catch_unwind` would stop it and abort the
+/// process ("FATAL: exception not rethrown"). The C entry points that get here are therefore
+/// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
+fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
+    match stack {
+        StackSource::Gather if history::stack_mode(device) >= mode => {
+            history::gather_python_frames()
         }
-        let alloc = registry::get_or_create(device)?;
-        let ptr = alloc
-            .malloc(size as u64, StreamId(stream as u64))
-            .map_err(|e| alloc_error(&e))?;
+        StackSource::Gather => None,
+        StackSource::Given(f) => f,
+    }
+}
+
+fn malloc_impl(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    stack: StackSource,
+) -> Result<*mut c_void, CError> {
+    if size == 0 {
+        return Ok(std::ptr::null_mut());
+    }
+    // First: a new allocator gets the history setting of device=None, which decides whether
+    // to gather.
+    let alloc = guarded("cudamem_malloc", || Ok(registry::get_or_create(device)?))?;
+    let frames = frames_for(device, stack, history::STACKS_ALLOC);
+    guarded("cudamem_malloc", || {
+        let stream = StreamId(stream as u64);
+        let ptr = match frames {
+            Some(f) => alloc.malloc_with_stack(size as u64, stream, f),
+            None => alloc.malloc(size as u64, stream),
+        }
+        .map_err(|e| alloc_error(&e))?;
         Ok(ptr as *mut c_void)
     })
 }
@@ -199,7 +244,7 @@ pub extern "C-unwind" fn cudamem_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let err = match malloc_impl(size, device, stream) {
+    let err = match malloc_impl(size, device, stream, StackSource::Gather) {
         Ok(p) => return p,
         Err(e) => e,
     };
@@ -241,14 +286,14 @@ pub extern "C-unwind" fn cudamem_malloc(
 /// # Safety
 /// `msg_buf` must be NULL or point to `msg_len` writable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn cudamem_malloc_or_error(
+pub unsafe extern "C-unwind" fn cudamem_malloc_or_error(
     size: usize,
     device: c_int,
     stream: *mut c_void,
     msg_buf: *mut c_char,
     msg_len: usize,
 ) -> *mut c_void {
-    match malloc_impl(size, device, stream) {
+    match malloc_impl(size, device, stream, StackSource::Gather) {
         Ok(p) => {
             // SAFETY: caller's contract on msg_buf.
             unsafe { write_c_string("", msg_buf, msg_len) };
@@ -265,18 +310,32 @@ pub unsafe extern "C" fn cudamem_malloc_or_error(
 
 /// Frees `ptr` on `device`, reporting unknown pointers once. Returns the error for callers that
 /// want it (the Python API); the C function ignores it.
-fn free_impl(ptr: u64, device: c_int) -> Result<(), CError> {
+fn free_impl(ptr: u64, device: c_int, stack: StackSource) -> Result<(), CError> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let Some(alloc) = registry::get(device) else {
+        return Err(CError {
+            kind: ERR_INVALID,
+            message: format!(
+                "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
+            ),
+        });
+    };
+    let frames = frames_for(device, stack, STACKS_ALL); // outside catch_unwind: see frames_for
     guarded("cudamem_free", || {
-        if ptr == 0 {
-            return Ok(());
+        match frames {
+            Some(f) => {
+                // Gathered before locking (never wait for the GIL under the allocator's lock).
+                let mut e = alloc.lock();
+                e.set_current_stack(Some(f));
+                let r = e.free(ptr);
+                e.set_current_stack(None);
+                r
+            }
+            None => alloc.free(ptr),
         }
-        let Some(alloc) = registry::get(device) else {
-            return Err(CError {
-                kind: ERR_INVALID,
-                message: format!("invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"),
-            });
-        };
-        alloc.free(ptr).map_err(|e| alloc_error(&e))
+        .map_err(|e| alloc_error(&e))
     })
 }
 
@@ -284,13 +343,13 @@ fn free_impl(ptr: u64, device: c_int) -> Result<(), CError> {
 /// function. `size` and `stream` are not needed (the allocator knows both). A pointer cudamem
 /// did not hand out is ignored: reported on stderr the first time, counted always.
 #[no_mangle]
-pub extern "C" fn cudamem_free(
+pub extern "C-unwind" fn cudamem_free(
     ptr: *mut c_void,
     _size: usize,
     device: c_int,
     _stream: *mut c_void,
 ) {
-    if let Err(e) = free_impl(ptr as u64, device) {
+    if let Err(e) = free_impl(ptr as u64, device, StackSource::Gather) {
         if e.kind == ERR_INVALID {
             UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
             if !UNKNOWN_FREE_REPORTED.swap(true, Ordering::Relaxed) {
@@ -443,9 +502,10 @@ pub extern "C" fn cudamem_unknown_frees() -> u64 {
     UNKNOWN_FREES.load(Ordering::Relaxed)
 }
 
-/// Frees for the Python API: errors are returned, not reported.
-pub fn free_checked(ptr: u64, device: c_int) -> Result<(), CError> {
-    free_impl(ptr, device)
+/// Frees for the Python API (the stack gathered by the caller): errors are returned, not
+/// reported.
+pub fn free_checked(ptr: u64, device: c_int, frames: Option<Vec<Frame>>) -> Result<(), CError> {
+    free_impl(ptr, device, StackSource::Given(frames))
 }
 
 /// The current error mode.

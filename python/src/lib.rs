@@ -9,6 +9,9 @@
 //!   which PyTorch's `CUDAPluggableAllocator` (directly, or through the C++ shim that
 //!   `cudamem.torch.install()` compiles) calls for every CUDA tensor.
 //!
+//! Memory history and snapshots ([`history`]: `record_memory_history`, `snapshot`, `annotate`)
+//! and the reports of `cudamem-report` (`_report_*`) are Python functions too.
+//!
 //! Both reach the allocators of [`registry`]: one `CachingAllocator` per device ordinal, created
 //! on first use (a CUDA device, or a simulated one with `CUDAMEM_DEVICE=sim`). So a tensor that
 //! PyTorch allocated through the C ABI shows up in `cudamem.memory_allocated()`, and
@@ -30,16 +33,18 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod ffi;
+pub mod history;
 pub mod registry;
+mod reports;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyType};
 
-use cudamem_alloc::{AllocError, StatsDict};
+use cudamem_alloc::{AllocError, RecordContext, StatsDict};
 use cudamem_device::StreamId;
 
 use registry::RegistryError;
@@ -153,8 +158,18 @@ fn malloc(
         None => 0,
     };
     let a = allocator(py, device)?;
-    py.allow_threads(|| a.malloc(size, StreamId(stream)))
-        .map_err(|e| alloc_err(py, e))
+    // With history and stacks on (after allocator(): a new one gets the setting of
+    // device=None), the caller's Python stack, gathered with the GIL this call holds.
+    let frames = if history::stack_mode(device) != history::STACKS_NONE {
+        history::frames_of_current_thread(py)
+    } else {
+        None
+    };
+    py.allow_threads(|| match frames {
+        Some(f) => a.malloc_with_stack(size, StreamId(stream), f),
+        None => a.malloc(size, StreamId(stream)),
+    })
+    .map_err(|e| alloc_err(py, e))
 }
 
 /// Frees an address returned by `malloc` on `device`.
@@ -163,7 +178,12 @@ fn malloc(
 fn free(py: Python<'_>, ptr: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
     let ptr = arg_u64(ptr, "ptr")?;
     check_device(device)?;
-    py.allow_threads(|| ffi::free_checked(ptr, device))
+    let frames = if history::stack_mode(device) == history::STACKS_ALL {
+        history::frames_of_current_thread(py)
+    } else {
+        None
+    };
+    py.allow_threads(|| ffi::free_checked(ptr, device, frames))
         .map_err(|e| ffi_err(py, e))
 }
 
@@ -400,6 +420,161 @@ fn unknown_frees() -> u64 {
     ffi::cudamem_unknown_frees()
 }
 
+// ---------------------------------------------------------------------------------------------
+// Memory history and snapshots (torch.cuda.memory._record_memory_history, _snapshot, ...)
+// ---------------------------------------------------------------------------------------------
+
+/// Starts or stops recording the memory history of `device` (None: every device, existing and
+/// created later), with PyTorch's arguments: `enabled` "all" | "state" | None (off), `context`
+/// "all" | "alloc" | "state" | None, `stacks` "python" | "all" (both record Python frames; C++
+/// frames are not gathered), `max_entries` (the ring size; forced to 1 unless enabled is
+/// "all"), `clear_history` (empty the ring first).
+#[pyfunction]
+#[pyo3(signature = (enabled=Some("all"), context=Some("all"), stacks="python", max_entries=None, device=None, clear_history=false))]
+fn record_memory_history(
+    py: Python<'_>,
+    enabled: Option<&str>,
+    context: Option<&str>,
+    stacks: &str,
+    max_entries: Option<&Bound<'_, PyAny>>,
+    device: Option<i32>,
+    clear_history: bool,
+) -> PyResult<()> {
+    if let Some(e) = enabled {
+        if e != "all" && e != "state" {
+            return Err(PyValueError::new_err(format!(
+                "enabled must be 'all', 'state' or None, got {e:?}"
+            )));
+        }
+    }
+    let context = match context {
+        None => RecordContext::Never,
+        Some("state") => RecordContext::State,
+        Some("alloc") => RecordContext::Alloc,
+        Some("all") => RecordContext::All,
+        Some(c) => {
+            return Err(PyValueError::new_err(format!(
+                "context must be 'all', 'alloc', 'state' or None, got {c:?}"
+            )))
+        }
+    };
+    if stacks != "python" && stacks != "all" {
+        return Err(PyValueError::new_err(format!(
+            "stacks must be 'python' or 'all', got {stacks:?}"
+        )));
+    }
+    let max_entries = match max_entries {
+        Some(m) => usize::try_from(arg_u64(m, "max_entries")?).unwrap_or(usize::MAX),
+        None => usize::MAX,
+    };
+    if let Some(d) = device {
+        check_device(d)?;
+    }
+    let settings = history::HistorySettings {
+        enabled: enabled.is_some(),
+        context: if enabled.is_some() {
+            context
+        } else {
+            RecordContext::Never
+        },
+        // PyTorch (memory_snapshot.cpp): max_entries is forced to 1 unless enabled == "all".
+        max_entries: if enabled == Some("all") {
+            max_entries.max(1)
+        } else {
+            1
+        },
+    };
+    history::set_history(device, settings, clear_history).map_err(|e| reg_err(py, e))
+}
+
+/// `_snapshot()`: the state and history of `device` (None: every device) in PyTorch's schema,
+/// as a dict.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn snapshot(py: Python<'_>, device: Option<i32>) -> PyResult<Bound<'_, PyDict>> {
+    let t = py
+        .allow_threads(|| history::snapshot_trace(device))
+        .map_err(|e| reg_err(py, e))?;
+    history::trace_to_py(py, &t)
+}
+
+fn pickle_of(t: &cudamem_trace::Trace) -> PyResult<Vec<u8>> {
+    let mut out = Vec::new();
+    cudamem_trace::write_snapshot_pickle(t, &mut out)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(out)
+}
+
+/// The snapshot as pickle bytes written by cudamem's Rust writer (`pickle.loads` gives what
+/// `snapshot()` returns, frames unshared).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn _snapshot_pickle(py: Python<'_>, device: Option<i32>) -> PyResult<Py<PyBytes>> {
+    let t = py
+        .allow_threads(|| history::snapshot_trace(device))
+        .map_err(|e| reg_err(py, e))?;
+    let bytes = py.allow_threads(|| pickle_of(&t))?;
+    Ok(PyBytes::new(py, &bytes).unbind())
+}
+
+/// Reads a trace (snapshot pickle, gzip'd or not, RMM CSV, cudamem trace) with cudamem's Rust
+/// reader and writes it back as a snapshot pickle (for tests of the reader and the writer).
+#[pyfunction]
+#[pyo3(signature = (data, source="<bytes>"))]
+fn _trace_roundtrip(py: Python<'_>, data: &[u8], source: &str) -> PyResult<Py<PyBytes>> {
+    let bytes = py.allow_threads(|| {
+        let t = cudamem_trace::read_bytes(data, source)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        pickle_of(&t)
+    })?;
+    Ok(PyBytes::new(py, &bytes).unbind())
+}
+
+/// Records an annotation (`stage` "START" or "END" of the region `name`) in the history of
+/// `device` (None: every device), when it records.
+#[pyfunction]
+#[pyo3(signature = (name, stage="START", device=None))]
+fn annotate(name: &str, stage: &str, device: Option<i32>) -> PyResult<()> {
+    match device {
+        Some(d) => {
+            check_device(d)?;
+            if let Some(a) = registry::get(d) {
+                a.annotate(stage, name);
+            }
+        }
+        None => {
+            for (_, a) in registry::existing() {
+                a.annotate(stage, name);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether allocations on `device` gather Python stacks: 0 no, 1 allocations, 2 allocations
+/// and frees.
+#[pyfunction]
+fn _stack_mode(device: i32) -> u8 {
+    history::stack_mode(device)
+}
+
+/// The calling thread's Python stack as cudamem records it: [(name, filename, line)], innermost
+/// first.
+#[pyfunction]
+fn _python_frames(py: Python<'_>) -> Vec<(String, String, i64)> {
+    history::frames_of_current_thread(py)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| (f.name, f.filename, f.line))
+        .collect()
+}
+
+/// Called at interpreter exit (atexit): stop gathering Python stacks.
+#[pyfunction]
+fn _at_exit() {
+    history::stop_gathering();
+}
+
 #[pymodule]
 fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -433,5 +608,15 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_set_error_thrower, m)?)?;
     m.add_function(wrap_pyfunction!(last_error, m)?)?;
     m.add_function(wrap_pyfunction!(unknown_frees, m)?)?;
+    m.add_function(wrap_pyfunction!(record_memory_history, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(_snapshot_pickle, m)?)?;
+    m.add_function(wrap_pyfunction!(_trace_roundtrip, m)?)?;
+    m.add_function(wrap_pyfunction!(annotate, m)?)?;
+    m.add_function(wrap_pyfunction!(_stack_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(_python_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
+    m.add("MAX_FRAMES", history::MAX_FRAMES)?;
+    reports::register(m)?;
     Ok(())
 }

@@ -117,8 +117,18 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     let dev = open_device(device)?;
     let alloc = CachingAllocator::with_policy(dev, config, &policy)
         .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    // Memory history set for every device (record_memory_history(device=None)) applies to
+    // allocators created later too; under CREATE, so that no setting is missed.
+    crate::history::on_new_allocator(device, &alloc);
     let _ = SLOTS[i].set(Entry { alloc, policy });
     Ok(&SLOTS[i].get().expect("slot was just set").alloc)
+}
+
+/// Runs `f` while no allocator can be created (for settings that must reach every allocator,
+/// existing or new). `f` must not create allocators.
+pub fn with_creation_locked<R>(f: impl FnOnce() -> R) -> R {
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    f()
 }
 
 /// Every allocator created so far, with its ordinal, in ordinal order.

@@ -6,6 +6,7 @@ would call it, through a C++ harness that catches what it throws).
 """
 
 import ctypes
+import pickle
 import sys
 import warnings
 
@@ -23,7 +24,7 @@ def addr(f):
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    ct.install()
+    ct.install(record_history={"max_entries": 1000})
 print("mode", ct.install_mode(), "warnings", len(caught))
 for w in caught:
     print("warning:", w.message)
@@ -46,6 +47,21 @@ else:
 assert torch.cuda.memory_allocated is cudamem.memory_allocated
 assert torch.cuda.memory.memory_stats is cudamem.memory_stats
 assert torch.cuda.memory_allocated() == 0
+
+# So are the history and snapshot functions, with torch's signatures (no allocator exists: no
+# device is opened).
+assert torch.cuda.memory._record_memory_history is ct._torch_record_memory_history
+assert torch.cuda.memory_snapshot is ct._torch_memory_snapshot
+snap = torch.cuda.memory._snapshot()
+assert set(snap) == {"segments", "device_traces", "allocator_settings", "external_annotations"}, snap
+assert torch.cuda.memory_snapshot() == [] and torch.cuda.memory.memory_snapshot() == []
+torch.cuda.memory._record_memory_history(enabled=None)
+torch.cuda.memory._record_memory_history("all", "alloc", "all", 100, None, True, compile_context=False)
+torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=10, trace_alloc_record_context=True)
+torch.cuda.memory._record_memory_history(False)
+torch.cuda.memory._dump_snapshot("fake_snapshot.pickle")  # in the test's temporary cwd
+with open("fake_snapshot.pickle", "rb") as f:
+    assert pickle.load(f)["segments"] == []
 
 # PyTorch calling the alloc function. No GPU here: opening cuda:0 fails, and that failure must
 # reach PyTorch as a C++ exception (c10::Error -> RuntimeError), never as NULL.

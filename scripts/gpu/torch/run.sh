@@ -52,6 +52,9 @@ main() {
     [ "$left" -gt 60 ] || left=60
     timeout $(( left + 30 )) python3 $here/workloads.py --budget "$left" ${OUT:+--out "$OUT"} || { echo "workloads FAILED (rc=$?)"; rc=1; }
 
+    step "(e) memory history and snapshots: PyTorch's _memory_viz on cudamem's snapshot"
+    timeout 120 python3 $here/history_check.py || { echo "history check FAILED (rc=$?)"; rc=1; }
+
     step "done (rc=$rc)"
     rm -rf "$CUDAMEM_CACHE_DIR"
     return $rc

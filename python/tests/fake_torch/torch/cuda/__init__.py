@@ -1,5 +1,5 @@
 from . import memory
-from .memory import memory_allocated, memory_stats, memory_summary  # noqa: F401
+from .memory import memory_allocated, memory_snapshot, memory_stats, memory_summary  # noqa: F401
 
 _initialized = False
 

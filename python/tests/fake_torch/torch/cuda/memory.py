@@ -44,3 +44,4 @@ def _unsupported(*args, **kwargs):
 
 
 memory_allocated = memory_stats = memory_summary = max_memory_allocated = _unsupported
+_record_memory_history = _snapshot = _dump_snapshot = memory_snapshot = _unsupported

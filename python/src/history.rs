@@ -1,0 +1,564 @@
+//! # Memory history with Python stacks, and snapshots as Python objects
+//!
+//! PyTorch's `torch.cuda.memory._record_memory_history(...)` / `_snapshot()` /
+//! `_dump_snapshot()`, for cudamem's allocators:
+//!
+//! * [`set_history`] turns recording on or off on one device, or on every device — those that
+//!   exist and those created later (`device=None`, PyTorch's meaning: its setting is global).
+//!   The engine keeps the ring of entries ([`CachingAllocator::record_memory_history`]).
+//! * **Python stacks.** Each allocation made while recording with a context (`"state"`,
+//!   `"alloc"` or `"all"`) carries the Python stack of the thread that allocates, innermost frame
+//!   first, as PyTorch's `stacks="python"` does; with context `"all"` frees carry the stack of
+//!   the thread that frees. Whether to gather is one relaxed atomic load per call
+//!   ([`stack_mode`]), so with recording off (or without a context) the allocation path is
+//!   unchanged.
+//! * **Gathering** ([`gather_python_frames`]) happens *before* the device's allocator is
+//!   locked, never under it, so a thread holding the GIL and waiting for the allocator lock can
+//!   never deadlock with one holding that lock and waiting for the GIL. PyTorch calls the C
+//!   alloc function with or without the GIL (autograd's engine threads have no Python thread
+//!   state); the GIL is taken with `PyGILState_Ensure` (re-entrant when the thread holds it
+//!   already), exactly as PyTorch's own `CapturedTraceback` gathering does. Nothing is gathered
+//!   once the interpreter is finalizing (an `atexit` hook of the package clears every flag; the
+//!   check of `Py_IsInitialized` covers the rest). A thread already waiting for the GIL when
+//!   finalization starts is ended by CPython with `pthread_exit`; that forced unwind passes
+//!   through cudamem's frames (no `catch_unwind` around the gathering, `extern "C-unwind"`
+//!   entry points), as it passes through PyTorch's allocator, instead of aborting the process.
+//!   A pending Python exception (an object freed while one propagates) is saved and restored
+//!   around the walk. Code objects' names and files, and the line of each instruction offset,
+//!   are cached (the cache holds a reference to each code object).
+//! * [`snapshot_trace`] merges the allocators' snapshots (one device, or all of them as
+//!   PyTorch's `_snapshot()` returns), and [`trace_to_py`] turns it into PyTorch's schema as
+//!   Python objects — the keys `cudamem_trace::write_snapshot_pickle` writes — sharing one list
+//!   per recorded stack and one dict per distinct frame, as PyTorch's own snapshot does, so that
+//!   `pickle.dump` writes each frame once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::{ffi, intern};
+
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame, RecordContext};
+use cudamem_trace::{AllocatorSettings, DeviceTrace, Trace};
+
+use crate::registry::{self, MAX_DEVICES};
+
+/// No stacks are gathered on this device.
+pub const STACKS_NONE: u8 = 0;
+/// Allocations carry stacks (context `"state"` or `"alloc"`).
+pub const STACKS_ALLOC: u8 = 1;
+/// Allocations and frees carry stacks (context `"all"`).
+pub const STACKS_ALL: u8 = 2;
+
+/// The most frames kept of one stack (innermost first); deeper frames are dropped.
+pub const MAX_FRAMES: usize = 256;
+
+static STACK_MODE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(STACKS_NONE) }; MAX_DEVICES];
+static FINALIZING: AtomicBool = AtomicBool::new(false);
+/// The setting for allocators created from now on (`device=None`).
+static DEFAULT: Mutex<Option<HistorySettings>> = Mutex::new(None);
+
+/// What `record_memory_history` asked for, in the engine's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistorySettings {
+    /// Recording on.
+    pub enabled: bool,
+    /// Which events carry stacks.
+    pub context: RecordContext,
+    /// Ring size (already forced to 1 unless `enabled == "all"`).
+    pub max_entries: usize,
+}
+
+impl HistorySettings {
+    fn stack_mode(&self) -> u8 {
+        if !self.enabled {
+            return STACKS_NONE;
+        }
+        match self.context {
+            RecordContext::Never => STACKS_NONE,
+            RecordContext::State | RecordContext::Alloc => STACKS_ALLOC,
+            RecordContext::All => STACKS_ALL,
+        }
+    }
+}
+
+/// The stack mode of `device` ([`STACKS_NONE`], [`STACKS_ALLOC`], [`STACKS_ALL`]): one relaxed
+/// atomic load, the only cost of history on the allocation path when recording is off.
+#[inline]
+pub fn stack_mode(device: i32) -> u8 {
+    match usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
+        Some(m) => m.load(Ordering::Relaxed),
+        None => STACKS_NONE,
+    }
+}
+
+fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: bool) {
+    if clear && s.enabled {
+        // The engine clears its ring when recording stops.
+        alloc.record_memory_history(false, RecordContext::Never, 1);
+    }
+    alloc.record_memory_history(s.enabled, s.context, s.max_entries);
+    if let Some(m) = usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
+        let mode = if FINALIZING.load(Ordering::Relaxed) {
+            STACKS_NONE
+        } else {
+            s.stack_mode()
+        };
+        m.store(mode, Ordering::Relaxed);
+    }
+}
+
+/// Called by the registry, under its creation lock, for each new allocator: applies the
+/// setting of the last `record_memory_history(device=None)`.
+pub fn on_new_allocator(device: i32, alloc: &CachingAllocator) {
+    let s = *DEFAULT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = s {
+        apply(device, alloc, s, false);
+    }
+}
+
+/// Applies `s` to `device`'s allocator (created if needed), or with `None` to every allocator,
+/// existing or created later. `clear` empties the ring first (PyTorch's `clear_history`).
+pub fn set_history(
+    device: Option<i32>,
+    s: HistorySettings,
+    clear: bool,
+) -> Result<(), registry::RegistryError> {
+    // One setting at a time, so that a device's ring and its stack flag come from one call.
+    static SETTING: Mutex<()> = Mutex::new(());
+    let _one = SETTING.lock().unwrap_or_else(|e| e.into_inner());
+    match device {
+        Some(d) => {
+            let a = registry::get_or_create(d)?;
+            apply(d, a, s, clear);
+        }
+        None => registry::with_creation_locked(|| {
+            *DEFAULT.lock().unwrap_or_else(|e| e.into_inner()) =
+                if s.enabled { Some(s) } else { None };
+            for (d, a) in registry::existing() {
+                apply(d, a, s, clear);
+            }
+        }),
+    }
+    Ok(())
+}
+
+/// The interpreter is shutting down (the package's `atexit` hook): gather no more stacks.
+pub fn stop_gathering() {
+    FINALIZING.store(true, Ordering::Relaxed);
+    for m in &STACK_MODE {
+        m.store(STACKS_NONE, Ordering::Relaxed);
+    }
+}
+
+/// The Python stack of the calling thread, innermost frame first, for a call from C (PyTorch's
+/// alloc and free functions) that may or may not hold the GIL. `None` when the thread runs no
+/// Python code (an autograd engine thread), or the interpreter is gone or going.
+pub fn gather_python_frames() -> Option<Vec<Frame>> {
+    if FINALIZING.load(Ordering::Relaxed) {
+        return None;
+    }
+    // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
+    if unsafe { ffi::Py_IsInitialized() } == 0 {
+        return None;
+    }
+    Python::with_gil(frames_of_current_thread)
+}
+
+/// The Python stack of the calling thread, which holds the GIL (see [`gather_python_frames`]).
+pub fn frames_of_current_thread(py: Python<'_>) -> Option<Vec<Frame>> {
+    // A pending exception (this may run while one propagates and frees objects) must survive
+    // the attribute lookups below.
+    let (mut ptype, mut pvalue, mut ptb) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: the GIL is held; PyErr_Fetch moves the error indicator (possibly empty) into the
+    // three owned references, which PyErr_Restore takes back below.
+    #[allow(deprecated)]
+    unsafe {
+        ffi::PyErr_Fetch(&mut ptype, &mut pvalue, &mut ptb)
+    };
+    let frames = walk_frames(py);
+    // SAFETY: the GIL is held; restores exactly what was fetched (and drops any error the walk
+    // left, which there is none of: every lookup's error was taken into a PyErr and dropped).
+    #[allow(deprecated)]
+    unsafe {
+        ffi::PyErr_Restore(ptype, pvalue, ptb)
+    };
+    frames.filter(|f| !f.is_empty())
+}
+
+/// A code object's name and file, and the line of each instruction offset seen, cached by the
+/// code object's address. The entry holds a reference to the code object, so the address
+/// cannot be reused while it is cached.
+struct CodeInfo {
+    _code: Py<PyAny>,
+    name: Box<str>,
+    filename: Box<str>,
+    /// `f_lasti` -> line (computing a line from the line table is the costly part of a frame).
+    lines: HashMap<i64, i64>,
+}
+
+/// Entries kept before the cache starts over (code objects made by `exec` in a loop would
+/// otherwise make it grow without end).
+const CODE_CACHE_MAX: usize = 65_536;
+
+/// Only touched with the GIL held, and never locked across a call into Python (which could
+/// free a tensor, whose free could gather a stack and lock it again).
+static CODE_CACHE: Mutex<Option<HashMap<usize, CodeInfo>>> = Mutex::new(None);
+
+fn code_cache() -> std::sync::MutexGuard<'static, Option<HashMap<usize, CodeInfo>>> {
+    CODE_CACHE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn py_str(obj: &Bound<'_, PyAny>) -> Option<Box<str>> {
+    Some(obj.downcast::<PyString>().ok()?.to_cow().ok()?.into())
+}
+
+/// One frame: its code object's name and file (cached), and its line.
+fn frame_info(py: Python<'_>, frame: &Bound<'_, PyAny>) -> Option<Frame> {
+    let code = frame.getattr(intern!(py, "f_code")).ok()?;
+    let lasti: Option<i64> = frame
+        .getattr(intern!(py, "f_lasti"))
+        .ok()
+        .and_then(|v| v.extract().ok());
+    let key = code.as_ptr() as usize;
+    let mut cached_line = None;
+    let known = {
+        let guard = code_cache();
+        guard.as_ref().and_then(|m| m.get(&key)).map(|c| {
+            cached_line = lasti.and_then(|i| c.lines.get(&i).copied());
+            (c.name.to_string(), c.filename.to_string())
+        })
+    };
+    let line = match cached_line {
+        Some(l) => l,
+        // SAFETY: `frame` is a frame object and the GIL is held.
+        None => i64::from(unsafe { ffi::PyFrame_GetLineNumber(frame.as_ptr().cast()) }),
+    };
+    let (name, filename) = match known {
+        Some(k) => {
+            if cached_line.is_none() {
+                if let (Some(i), Some(c)) =
+                    (lasti, code_cache().as_mut().and_then(|m| m.get_mut(&key)))
+                {
+                    c.lines.insert(i, line);
+                }
+            }
+            k
+        }
+        None => {
+            let name = py_str(&code.getattr(intern!(py, "co_name")).ok()?)?;
+            let filename = py_str(&code.getattr(intern!(py, "co_filename")).ok()?)?;
+            let out = (name.to_string(), filename.to_string());
+            let mut lines = HashMap::new();
+            if let Some(i) = lasti {
+                lines.insert(i, line);
+            }
+            let info = CodeInfo {
+                _code: code.clone().unbind(),
+                name,
+                filename,
+                lines,
+            };
+            let evicted = {
+                let mut guard = code_cache();
+                let map = guard.get_or_insert_with(HashMap::new);
+                let evicted = if map.len() >= CODE_CACHE_MAX {
+                    Some(std::mem::take(map))
+                } else {
+                    None
+                };
+                map.insert(key, info);
+                evicted
+            };
+            drop(evicted); // outside the lock: dropping code objects may run Python code (weakrefs)
+            out
+        }
+    };
+    Some(Frame {
+        name,
+        filename,
+        line,
+    })
+}
+
+fn walk_frames(py: Python<'_>) -> Option<Vec<Frame>> {
+    // SAFETY: the GIL is held. PyEval_GetFrame returns a borrowed reference to the thread's
+    // current frame, or NULL when it executes no Python code.
+    let top = unsafe { ffi::PyEval_GetFrame() };
+    if top.is_null() {
+        return None;
+    }
+    // SAFETY: `top` is a valid, non-NULL borrowed reference (just checked); from_borrowed_ptr
+    // takes a new strong reference.
+    let mut frame: Bound<'_, PyAny> =
+        unsafe { Bound::from_borrowed_ptr(py, top.cast::<ffi::PyObject>()) };
+    let mut out = Vec::with_capacity(32);
+    while out.len() < MAX_FRAMES {
+        out.push(frame_info(py, &frame)?);
+        let back = frame.getattr(intern!(py, "f_back")).ok()?;
+        if back.is_none() {
+            break;
+        }
+        frame = back;
+    }
+    Some(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+// ---------------------------------------------------------------------------------------------
+
+fn settings_of(cfg: &AllocatorConfig) -> AllocatorSettings {
+    AllocatorSettings {
+        conf: cfg.settings.clone(),
+        max_split_size: if cfg.max_split_size == u64::MAX {
+            -1
+        } else {
+            cfg.max_split_size as i64
+        },
+        garbage_collection_threshold: cfg.garbage_collection_threshold,
+        expandable_segments: cfg.expandable_segments,
+        roundup_power2_divisions: (0..cfg.roundup_power2_divisions.len())
+            .map(|i| (1u64 << i, cfg.roundup_power2_divisions[i]))
+            .collect(),
+        release_lock_on_cudamalloc: cfg.release_lock_on_cudamalloc,
+        pinned_num_register_threads: cfg.pinned_num_register_threads as i64,
+        pinned_use_cuda_host_register: cfg.pinned_use_cuda_host_register,
+        graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
+    }
+}
+
+/// The snapshot of `device`, or of every allocator (`None`), as one trace: segments of all
+/// devices in device order, one event list per device, stacks renumbered into one table,
+/// annotations of all devices. A device without an allocator contributes an empty event list
+/// (`Some(d)`) or nothing (`None`); with no allocator at all, the settings are those new
+/// allocators would get.
+pub fn snapshot_trace(device: Option<i32>) -> Result<Trace, registry::RegistryError> {
+    let allocs: Vec<(i32, &'static CachingAllocator)> = match device {
+        Some(d) => {
+            registry::slot_index(d)?;
+            registry::get(d).map(|a| (d, a)).into_iter().collect()
+        }
+        None => registry::existing().collect(),
+    };
+    let mut out = Trace::new("cudamem snapshot");
+    let mut have_settings = false;
+    for (_, a) in allocs {
+        let t = a.snapshot();
+        let off = out.stacks.len() as u32;
+        let re = |s: Option<u32>| s.map(|i| i + off);
+        out.stacks.extend(t.stacks);
+        for mut d in t.devices {
+            for e in &mut d.events {
+                e.stack = re(e.stack);
+            }
+            out.devices.push(d);
+        }
+        for mut s in t.segments {
+            s.stack = re(s.stack);
+            for b in &mut s.blocks {
+                b.stack = re(b.stack);
+            }
+            out.segments.push(s);
+        }
+        out.annotations.extend(t.annotations);
+        if !have_settings {
+            out.settings = t.settings;
+            have_settings = true;
+        }
+    }
+    if let Some(d) = device {
+        if out.devices.is_empty() {
+            out.devices.push(DeviceTrace {
+                device: d,
+                events: Vec::new(),
+            });
+        }
+    }
+    if !have_settings {
+        if let Ok((cfg, _)) = registry::effective_settings() {
+            out.settings = settings_of(&cfg);
+        }
+    }
+    out.devices.sort_by_key(|d| d.device);
+    Ok(out)
+}
+
+/// Builds Python objects with shared strings, frame dicts and stack lists.
+struct Builder<'py, 't> {
+    py: Python<'py>,
+    trace: &'t Trace,
+    strings: HashMap<&'t str, Bound<'py, PyString>>,
+    frames: HashMap<&'t Frame, Bound<'py, PyDict>>,
+    stacks: Vec<Option<Bound<'py, PyList>>>,
+}
+
+impl<'py, 't> Builder<'py, 't> {
+    fn s(&mut self, text: &'t str) -> Bound<'py, PyString> {
+        let py = self.py;
+        self.strings
+            .entry(text)
+            .or_insert_with(|| PyString::new(py, text))
+            .clone()
+    }
+
+    /// The shared frame list of a stack, or a new empty list.
+    fn frames_of(&mut self, id: Option<u32>) -> PyResult<Bound<'py, PyList>> {
+        let Some(stack) = self.trace.stack(id) else {
+            return Ok(PyList::empty(self.py));
+        };
+        let i = id.unwrap_or_default() as usize;
+        if let Some(Some(l)) = self.stacks.get(i) {
+            return Ok(l.clone());
+        }
+        let list = PyList::empty(self.py);
+        for f in &stack.frames {
+            let d = match self.frames.get(f) {
+                Some(d) => d.clone(),
+                None => {
+                    let d = PyDict::new(self.py);
+                    d.set_item(intern!(self.py, "name"), self.s(&f.name))?;
+                    d.set_item(intern!(self.py, "filename"), self.s(&f.filename))?;
+                    d.set_item(intern!(self.py, "line"), f.line)?;
+                    self.frames.insert(f, d.clone());
+                    d
+                }
+            };
+            list.append(d)?;
+        }
+        if self.stacks.len() <= i {
+            self.stacks.resize(i + 1, None);
+        }
+        self.stacks[i] = Some(list.clone());
+        Ok(list)
+    }
+}
+
+/// `trace` in PyTorch's snapshot schema as Python objects: a dict with `segments`,
+/// `device_traces`, `allocator_settings` and `external_annotations`, with the keys and values
+/// `cudamem_trace::write_snapshot_pickle` writes (so `pickle.loads` of that writer's output
+/// compares equal).
+pub fn trace_to_py<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py, PyDict>> {
+    let mut b = Builder {
+        py,
+        trace,
+        strings: HashMap::new(),
+        frames: HashMap::new(),
+        stacks: Vec::new(),
+    };
+    let k = |s: &'static str| PyString::intern(py, s);
+
+    let segments = PyList::empty(py);
+    for g in &trace.segments {
+        let d = PyDict::new(py);
+        d.set_item(k("device"), g.device)?;
+        d.set_item(k("address"), g.address)?;
+        d.set_item(k("total_size"), g.total_size)?;
+        d.set_item(k("allocated_size"), g.allocated_size)?;
+        d.set_item(k("active_size"), g.active_size)?;
+        d.set_item(k("requested_size"), g.requested_size)?;
+        d.set_item(k("stream"), g.stream)?;
+        d.set_item(k("segment_type"), k(g.segment_type.as_str()))?;
+        d.set_item(
+            k("segment_pool_id"),
+            PyTuple::new(py, [g.pool_id.0, g.pool_id.1])?,
+        )?;
+        d.set_item(k("is_expandable"), g.is_expandable)?;
+        d.set_item(k("frames"), b.frames_of(g.stack)?)?;
+        let blocks = PyList::empty(py);
+        for bl in &g.blocks {
+            let bd = PyDict::new(py);
+            bd.set_item(k("address"), bl.address)?;
+            bd.set_item(k("size"), bl.size)?;
+            bd.set_item(k("requested_size"), bl.requested_size)?;
+            bd.set_item(k("state"), k(bl.state.as_str()))?;
+            bd.set_item(k("frames"), b.frames_of(bl.stack)?)?;
+            blocks.append(bd)?;
+        }
+        d.set_item(k("blocks"), blocks)?;
+        segments.append(d)?;
+    }
+
+    let max_dev = trace
+        .devices
+        .iter()
+        .map(|d| d.device)
+        .chain(trace.segments.iter().map(|g| g.device))
+        .filter(|&d| d >= 0)
+        .max();
+    let n = max_dev.map_or(0, |d| d as usize + 1);
+    let device_traces = PyList::empty(py);
+    let (na, empty) = (k("N/A"), k(""));
+    for dev in 0..n {
+        let events = PyList::empty(py);
+        if let Some(dt) = trace.device(dev as i32) {
+            for e in &dt.events {
+                let d = PyDict::new(py);
+                d.set_item(k("action"), k(e.action.as_str()))?;
+                if e.action == cudamem_trace::Action::Oom {
+                    d.set_item(k("device_free"), e.addr)?;
+                } else {
+                    d.set_item(k("addr"), e.addr)?;
+                }
+                d.set_item(k("size"), e.size)?;
+                d.set_item(k("stream"), e.stream)?;
+                d.set_item(k("time_us"), e.time_us)?;
+                if trace.stack(e.stack).is_some() {
+                    d.set_item(k("frames"), b.frames_of(e.stack)?)?;
+                }
+                d.set_item(k("compile_context"), &na)?;
+                d.set_item(k("user_metadata"), &empty)?;
+                events.append(d)?;
+            }
+        }
+        device_traces.append(events)?;
+    }
+
+    let a = &trace.settings;
+    let settings = PyDict::new(py);
+    settings.set_item("PYTORCH_CUDA_ALLOC_CONF", &a.conf)?;
+    settings.set_item("max_split_size", a.max_split_size)?;
+    settings.set_item(
+        "garbage_collection_threshold",
+        a.garbage_collection_threshold,
+    )?;
+    settings.set_item("expandable_segments", a.expandable_segments)?;
+    settings.set_item("pinned_num_register_threads", a.pinned_num_register_threads)?;
+    settings.set_item("release_lock_on_cudamalloc", a.release_lock_on_cudamalloc)?;
+    settings.set_item(
+        "pinned_use_cuda_host_register",
+        a.pinned_use_cuda_host_register,
+    )?;
+    settings.set_item(
+        "graph_capture_record_stream_reuse",
+        a.graph_capture_record_stream_reuse,
+    )?;
+    let div = PyDict::new(py);
+    for (key, v) in &a.roundup_power2_divisions {
+        div.set_item(key.to_string(), v)?;
+    }
+    settings.set_item("roundup_power2_divisions", div)?;
+
+    let annotations = PyList::empty(py);
+    for an in &trace.annotations {
+        let d = PyDict::new(py);
+        d.set_item(k("stage"), b.s(&an.stage))?;
+        d.set_item(k("name"), b.s(&an.name))?;
+        d.set_item(k("device"), an.device)?;
+        d.set_item(k("time_us"), an.time_us)?;
+        annotations.append(d)?;
+    }
+
+    let top = PyDict::new(py);
+    top.set_item("segments", segments)?;
+    top.set_item("device_traces", device_traces)?;
+    top.set_item("allocator_settings", settings)?;
+    top.set_item("external_annotations", annotations)?;
+    Ok(top)
+}
