@@ -72,6 +72,8 @@ pub struct Block {
     pub stack: Option<u32>,
     /// True if this block is in a segment that grows page by page.
     pub expandable: bool,
+    /// Counted in `oversize_allocations` when it was handed out (the setting may change later).
+    pub oversize: bool,
 }
 
 impl Block {

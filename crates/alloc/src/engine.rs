@@ -269,12 +269,13 @@ impl Engine {
             stream: req.stream,
             backing: Backing::Malloc,
             stack: self.current_stack,
+            oversize: size >= self.config.max_split_size,
         });
         let id = self.blocks.insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
         let small = self.is_small(req.pool);
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, size);
-        if size >= self.config.max_split_size {
+        if self.segments[seg].oversize {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
@@ -299,6 +300,7 @@ impl Engine {
             gc_count_base: 0,
             stack: None,
             expandable,
+            oversize: false,
         }
     }
 
@@ -353,7 +355,10 @@ impl Engine {
         self.stats.active.increase(small, 1);
         self.stats.active_bytes.increase(small, bsize);
         self.stats.requested_bytes.increase(small, orig_size);
-        if bsize >= self.config.max_split_size {
+        // Remember the decision: max_split_size may change before the free.
+        let oversize = bsize >= self.config.max_split_size;
+        self.blocks[block].oversize = oversize;
+        if oversize {
             self.stats.oversize_allocations.increase(1);
         }
         addr
@@ -426,6 +431,7 @@ impl Engine {
             stream: req.stream,
             backing: Backing::Expandable { page_size, whole_growth, mappings: Default::default() },
             stack: self.current_stack,
+            oversize: false,
         });
         let mut b = self.new_block(base, va, req.stream, req.pool, seg, true);
         b.mapped = false;
@@ -601,7 +607,7 @@ impl Engine {
         self.stats.allocated_bytes.decrease(small, size);
         let free_stack = if self.history.context >= crate::history::RecordContext::All { self.current_stack } else { stack };
         self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
-        if size >= self.config.max_split_size {
+        if std::mem::take(&mut self.blocks[id].oversize) {
             self.stats.oversize_allocations.decrease(1);
         }
         if self.blocks[id].stream_uses.is_empty() {
@@ -825,6 +831,17 @@ impl Engine {
                 self.release_expandable_segment(id)?;
             }
         }
+        // Segments that were never mapped (their first growth failed) are one unmapped block
+        // and appear in no free set: release their address space too.
+        let empty: Vec<BlockId> = self.pools[pool.0 as usize]
+            .unmapped
+            .iter()
+            .map(|k| k.2)
+            .filter(|&id| !self.blocks[id].is_split())
+            .collect();
+        for id in empty {
+            self.release_expandable_segment(id)?;
+        }
         Ok(())
     }
 
@@ -843,7 +860,7 @@ impl Engine {
         let small = self.is_small(pool);
         self.stats.segment.decrease(small, 1);
         self.stats.reserved_bytes.decrease(small, size);
-        if size >= self.config.max_split_size {
+        if self.segments[seg].oversize {
             self.stats.oversize_segments.decrease(1);
         }
         self.remove_free(id);
@@ -860,17 +877,26 @@ impl Engine {
             return Ok(false);
         }
         let key_size = req.size.max(max_split);
+        // Only whole device segments can be freed here: blocks of expandable segments give back
+        // pages through the full release instead (as in PyTorch).
+        let blocks = &self.blocks;
         let pool = &self.pools[req.pool.0 as usize];
-        let found = pool.blocks.from_size(req.stream, key_size).next();
+        // (A split block can be here only if max_split_size was lowered at run time.)
+        let whole = |k: &crate::block::SizeKey| !blocks[k.3].expandable && !blocks[k.3].is_split();
+        let found = pool.blocks.from_size(req.stream, key_size).find(whole);
         match found {
             Some(k) => {
                 self.release_block(k.3)?;
                 Ok(true)
             }
-            _ => {
+            None => {
                 // No single block is large enough: free oversize blocks, largest first.
-                let victims: Vec<_> =
-                    pool.blocks.below_size(req.stream, key_size).take_while(|k| k.1 >= max_split).collect();
+                let victims: Vec<_> = pool
+                    .blocks
+                    .below_size(req.stream, key_size)
+                    .take_while(|k| k.1 >= max_split)
+                    .filter(whole)
+                    .collect();
                 let mut released = 0;
                 for k in victims {
                     if released >= key_size {

@@ -47,6 +47,8 @@ pub struct Segment {
     pub backing: Backing,
     /// Stack recorded when it was created (history), if any.
     pub stack: Option<u32>,
+    /// Counted in `oversize_segments` (decided when it was created).
+    pub oversize: bool,
 }
 
 impl Segment {

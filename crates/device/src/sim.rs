@@ -27,7 +27,13 @@ pub const H200_CAPACITY: u64 = 150_109_880_320;
 /// The VMM granularity of an H200 (and of most CUDA GPUs).
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 const VA_BASE: u64 = 0x7f00_0000_0000;
-const VA_SIZE: u64 = 1 << 44; // 16 TiB of address space
+const VA_SIZE: u64 = 1 << 43; // 8 TiB of address space per device
+
+/// Device `index`'s address range starts here: below device 0's, 8 TiB apart, so that pointers
+/// of two simulated devices never coincide (as under CUDA's unified addressing).
+fn va_base(index: i32) -> u64 {
+    VA_BASE - (index.clamp(0, 15) as u64) * VA_SIZE
+}
 const MALLOC_ALIGN: u64 = 2 << 20;
 
 /// When recorded events complete on a [`SimDevice`].
@@ -155,7 +161,7 @@ impl SimDevice {
     /// A simulated device with the given settings.
     pub fn new(config: SimConfig) -> Self {
         let mut state = SimState::default();
-        state.va_free.insert(VA_BASE, VA_SIZE);
+        state.va_free.insert(va_base(config.index), VA_SIZE);
         SimDevice { config, state: Mutex::new(state) }
     }
 

@@ -79,4 +79,7 @@ impl Policy for CudamemPolicy {
     fn reclaim_before_growth(&self) -> bool {
         self.compact
     }
+    fn map_whole_growth(&self) -> bool {
+        std::env::var("XP_WHOLE").map(|v| v == "1").unwrap_or(false)
+    }
 }
