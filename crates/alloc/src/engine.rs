@@ -423,13 +423,13 @@ impl Engine {
         let total = self.device.total_memory();
         let va = (total + total / 8).div_ceil(page_size) * page_size;
         let base = self.device.reserve(va)?;
-        let whole_growth = self.policy.map_whole_growth();
+        let map_chunk = self.policy.map_chunk(&self.config, req.pool).unwrap_or(page_size);
         let seg = self.segments.insert(Segment {
             base,
             size: va,
             pool: req.pool,
             stream: req.stream,
-            backing: Backing::Expandable { page_size, whole_growth, mappings: Default::default() },
+            backing: Backing::Expandable { page_size, map_chunk, mappings: Default::default() },
             stack: self.current_stack,
             oversize: false,
         });

@@ -25,8 +25,10 @@ pub enum Backing {
     Expandable {
         /// Mappings start and end on multiples of this (a multiple of the device granularity).
         page_size: u64,
-        /// One mapping per call when growing (`true`), or one per page as PyTorch does.
-        whole_growth: bool,
+        /// Bytes per mapping when growing: `page_size` (one page per mapping, as PyTorch does),
+        /// or more — a growth is then mapped in mappings of up to this size (fewer driver calls;
+        /// each is unmapped only when wholly free).
+        map_chunk: u64,
         /// The mappings: start address -> bytes. Each is one device allocation, unmapped whole.
         mappings: BTreeMap<u64, u64>,
     },
@@ -62,21 +64,20 @@ impl Segment {
     /// of memory (nothing stays mapped by this call then).
     pub fn map(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<Option<(u64, u64)>, DeviceError> {
         let base = self.base;
-        let Backing::Expandable { page_size, whole_growth, mappings } = &mut self.backing else {
+        let Backing::Expandable { page_size, map_chunk, mappings } = &mut self.backing else {
             unreachable!("map on a malloc segment")
         };
         let ps = *page_size;
         debug_assert_eq!((ptr - base) % ps, 0, "map start must be page aligned");
         let end = base + (ptr + size - base).div_ceil(ps) * ps;
-        let chunk = if *whole_growth { end - ptr } else { ps };
         let mut at = ptr;
         while at < end {
+            let chunk = (*map_chunk).max(ps).min(end - at);
             if let Err(e) = dev.map(at, chunk) {
-                let mut undo = ptr;
-                while undo < at {
-                    dev.unmap(undo, chunk)?;
-                    mappings.remove(&undo);
-                    undo += chunk;
+                let undo: Vec<(u64, u64)> = mappings.range(ptr..at).map(|(&a, &l)| (a, l)).collect();
+                for (a, l) in undo {
+                    dev.unmap(a, l)?;
+                    mappings.remove(&a);
                 }
                 return if e.is_out_of_memory() { Ok(None) } else { Err(e) };
             }
@@ -91,7 +92,7 @@ impl Segment {
     /// contiguous run, which is returned (size 0 if none).
     pub fn unmap(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<(u64, u64), DeviceError> {
         let stream = self.stream;
-        let Backing::Expandable { whole_growth, mappings, .. } = &mut self.backing else {
+        let Backing::Expandable { page_size, map_chunk, mappings } = &mut self.backing else {
             unreachable!("unmap on a malloc segment")
         };
         let inside: Vec<(u64, u64)> =
@@ -99,7 +100,7 @@ impl Segment {
         let Some(&(first, _)) = inside.first() else { return Ok((ptr, 0)) };
         let total: u64 = inside.iter().map(|m| m.1).sum();
         dev.synchronize_stream(stream)?;
-        if *whole_growth {
+        if *map_chunk > *page_size {
             dev.unmap(first, total)?; // one call for the run, as cuMemUnmap allows
         } else {
             for &(a, l) in &inside {

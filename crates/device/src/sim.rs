@@ -27,12 +27,13 @@ pub const H200_CAPACITY: u64 = 150_109_880_320;
 /// The VMM granularity of an H200 (and of most CUDA GPUs).
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 const VA_BASE: u64 = 0x7f00_0000_0000;
-const VA_SIZE: u64 = 1 << 43; // 8 TiB of address space per device
+const VA_SIZE: u64 = 1 << 50; // 1 PiB of address space per device: thousands of expandable reservations
 
-/// Device `index`'s address range starts here: below device 0's, 8 TiB apart, so that pointers
-/// of two simulated devices never coincide (as under CUDA's unified addressing).
+/// Device `index`'s address range starts here, 4 PiB apart, so that pointers of two simulated
+/// devices never coincide (as under CUDA's unified addressing). Device 0 keeps the range real
+/// traces use, so a replay can give segments their recorded addresses.
 fn va_base(index: i32) -> u64 {
-    VA_BASE - (index.clamp(0, 15) as u64) * VA_SIZE
+    VA_BASE + (index.clamp(0, 255) as u64) * (VA_SIZE << 2)
 }
 const MALLOC_ALIGN: u64 = 2 << 20;
 

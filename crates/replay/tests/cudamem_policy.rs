@@ -46,7 +46,7 @@ fn cudamem_compact_stays_within_3_percent_of_the_requested_peak() {
 
 #[test]
 fn cudamem_fits_the_smallest_gpu() {
-    for name in ["resnet50_train", "bert_varlen_infer"] {
+    for name in TRACES {
         let t = trace(name);
         let f = |p: &str| fit(&t, &ReplayOptions { policy: p.into(), repeats: 0, ..ReplayOptions::default() }).unwrap();
         let (native, expandable, ours, compact) = (f("pytorch"), f("pytorch-expandable"), f("cudamem"), f("cudamem-compact"));

@@ -53,10 +53,11 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn reclaim_before_growth(&self) -> bool {
         false
     }
-    /// Whether an expandable pool maps each growth as one device allocation (one driver call,
-    /// unmapped only when wholly free) instead of one allocation per page as PyTorch does.
-    fn map_whole_growth(&self) -> bool {
-        false
+    /// For an expandable pool, the most bytes one device mapping may hold when the pool grows:
+    /// `None` maps one page per mapping, as PyTorch does. Larger mappings cost fewer driver calls
+    /// (one `cuMemCreate`+`cuMemMap` per mapping) but are unmapped only when wholly free.
+    fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
+        None
     }
 }
 
