@@ -125,7 +125,7 @@ use cudamem_cuda::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};
 use cudamem_cuda::cudarc::driver::CudaStream;
 
 /// The policy used when none is named.
-pub const DEFAULT_POLICY: &str = "pytorch";
+pub const DEFAULT_POLICY: &str = "cudamem";
 
 // ---------------------------------------------------------------------------------------------
 // Errors
@@ -501,8 +501,8 @@ impl Allocator {
 
     /// An allocator on `device` with a configuration in `PYTORCH_CUDA_ALLOC_CONF` syntax (e.g.
     /// `"expandable_segments:True,max_split_size_mb:128"`; empty for the defaults) and a policy
-    /// (`"pytorch"`, `"pytorch-expandable"`; empty for the configuration's `policy:` key, else
-    /// `"pytorch"`).
+    /// (`"cudamem"`, `"cudamem-compact"`, `"pytorch"`, `"pytorch-expandable"`; empty for the configuration's `policy:` key, else
+    /// `"cudamem"`).
     pub fn with_config(device: &str, config: &str, policy: &str) -> Result<Allocator, Error> {
         let cfg = AllocatorConfig::parse(config)?;
         Self::with_allocator_config(device, cfg, policy)

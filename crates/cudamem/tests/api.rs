@@ -13,8 +13,10 @@ const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+/// A simulated device with PyTorch's policy: these tests count `cudaMalloc`-style segments.
+/// (The default policy, `cudamem`, maps pages instead; `auto_and_plain_sim_open` checks it.)
 fn sim(capacity: &str) -> Allocator {
-    Allocator::new(&format!("sim:{capacity}")).expect("a simulated device")
+    Allocator::with_config(&format!("sim:{capacity}"), "", "pytorch").expect("a simulated device")
 }
 
 #[test]
@@ -210,7 +212,7 @@ fn auto_and_plain_sim_open() {
     assert_eq!(a.is_cuda(), cudamem_cuda_available());
     let s = Allocator::new("sim").unwrap();
     assert_eq!(s.mem_get_info().unwrap().1, 150_109_880_320, "an H200");
-    assert_eq!(s.policy_name(), "pytorch");
+    assert_eq!(s.policy_name(), "cudamem");
 }
 
 fn cudamem_cuda_available() -> bool {

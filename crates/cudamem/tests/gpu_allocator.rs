@@ -28,8 +28,20 @@ fn slack() -> u64 {
     mib.unwrap_or(2) * MIB as u64
 }
 
-/// An allocator on `cuda:0` with `config`, or `None` (after saying why) without a GPU.
+/// An allocator on `cuda:0` with `config` and the policy of `CUDAMEM_TEST_POLICY` (default: the
+/// Rust API's default, `cudamem`), or `None` (after saying why) without a GPU.
 fn gpu_with(config: &str) -> Option<Allocator> {
+    let policy = std::env::var("CUDAMEM_TEST_POLICY").unwrap_or_default();
+    gpu_policy(config, &policy)
+}
+
+/// Device allocations of either kind: `cuMemAlloc` segments and mapped pages.
+fn device_allocs(c: &cudamem::DeviceCounters) -> u64 {
+    c.mallocs + c.maps
+}
+
+/// Like [`gpu_with`], with an explicit policy.
+fn gpu_policy(config: &str, policy: &str) -> Option<Allocator> {
     if !cudamem_cuda::is_available() {
         let why = cudamem_cuda::unavailable_reason().unwrap_or_else(|| "unknown".into());
         if std::env::var_os("CUDAMEM_REQUIRE_GPU").is_some_and(|v| v != "0") {
@@ -38,7 +50,8 @@ fn gpu_with(config: &str) -> Option<Allocator> {
         eprintln!("SKIPPED: no CUDA device ({why})");
         return None;
     }
-    let a = Allocator::with_config("cuda:0", config, "").expect("allocator on cuda:0");
+    let a = Allocator::with_config("cuda:0", config, policy).expect("allocator on cuda:0");
+    eprintln!("  policy {}", a.caching_allocator().policy_name());
     assert!(a.is_cuda());
     Some(a)
 }
@@ -214,7 +227,8 @@ fn cache_hits_make_no_new_cuda_allocations() {
         after.frees
     );
     assert_eq!(
-        after.mallocs, before.mallocs,
+        device_allocs(&after),
+        device_allocs(&before),
         "every allocation after the warm-up is a cache hit"
     );
     assert_eq!(
@@ -309,16 +323,16 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
         let t = Instant::now();
         a.synchronize_stream(sb).unwrap();
         let wait = t.elapsed();
-        let mallocs = a.device_counters().mallocs;
+        let mallocs = device_allocs(&a.device_counters());
         let again = a.alloc(len, sa).unwrap();
         eprintln!(
             "  B synchronised after {wait:?}; alloc on A → {:#x}; cuMemAlloc calls {} -> {}",
             again.device_ptr(),
             mallocs,
-            a.device_counters().mallocs
+            device_allocs(&a.device_counters())
         );
         assert_eq!(again.device_ptr(), p, "reused once B finished");
-        assert_eq!(a.device_counters().mallocs, mallocs);
+        assert_eq!(device_allocs(&a.device_counters()), mallocs);
         assert!(cuda.query_event(marker).unwrap());
         cuda.destroy_event(marker);
         drop((other, again));
@@ -418,7 +432,7 @@ fn out_of_memory_is_typed_and_the_allocator_keeps_working() {
 
 #[test]
 fn expandable_segments_map_and_unmap_real_pages() {
-    let Some(a) = gpu_with("expandable_segments:True") else {
+    let Some(a) = gpu_policy("expandable_segments:True", "pytorch") else {
         return;
     };
     let mut soft = Soft::default();
