@@ -13,7 +13,7 @@
 //!   `AllocError::OutOfMemory`: no other error, no panic, and `free`/`record_stream`/
 //!   `empty_cache` never fail;
 //! * with faults off, freeing everything and `empty_cache` return reserved and the device's used
-//!   memory to 0 and destroy every event.
+//!   memory to 0, destroy every event and release every address-space reservation.
 //!
 //! `replay()` takes no fault plan, so the engine is driven here directly: the trace is compiled
 //! with `Program::compile` and its ops are replayed as `run_once` does, skipping the frees of
@@ -42,6 +42,8 @@ struct Counting {
     sim: Arc<SimDevice>,
     /// malloc, map, query_event.
     injected: [AtomicU64; 3],
+    /// Address-space reservations made and released (expandable segments).
+    reservations: [AtomicU64; 2],
 }
 
 impl Counting {
@@ -79,10 +81,18 @@ impl Device for Counting {
         self.sim.granularity()
     }
     fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError> {
-        self.sim.reserve(size)
+        let r = self.sim.reserve(size);
+        if r.is_ok() {
+            self.reservations[0].fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
     fn release_reservation(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
-        self.sim.release_reservation(ptr, size)
+        let r = self.sim.release_reservation(ptr, size);
+        if r.is_ok() {
+            self.reservations[1].fetch_add(1, Ordering::Relaxed);
+        }
+        r
     }
     fn map(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         self.count(1, self.sim.map(ptr, size))
@@ -149,7 +159,7 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
         event_mode: EventMode::Manual,
         ..SimConfig::default()
     }));
-    let dev = Arc::new(Counting { sim: sim.clone(), injected: Default::default() });
+    let dev = Arc::new(Counting { sim: sim.clone(), injected: Default::default(), reservations: Default::default() });
     let a = CachingAllocator::with_policy(dev.clone(), cfg.clone(), policy).unwrap();
     sim.set_faults(plan);
     let mut t = Tally { runs: 1, ..Tally::default() };
@@ -230,6 +240,10 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
     assert_eq!(a.memory_reserved(), 0, "{what}: reserved after draining");
     assert_eq!(sim.used(), 0, "{what}: device memory after draining");
     assert_eq!(sim.live_events(), 0, "{what}: events after draining");
+    let (made, released) = (dev.reservations[0].load(Ordering::Relaxed), dev.reservations[1].load(Ordering::Relaxed));
+    // Address space too (an expandable segment whose first growth failed kept its reservation
+    // until commit 44c526c).
+    assert_eq!(made, released, "{what}: address-space reservations left after draining");
     t
 }
 
@@ -250,7 +264,10 @@ fn data(name: &str) -> PathBuf {
 }
 
 /// The fault plans of a run set: random ones (fractions × seeds) and chosen points.
-fn plans() -> (Vec<(String, FaultPlan)>, Vec<(String, FaultPlan)>) {
+/// Named fault plans.
+type Plans = Vec<(String, FaultPlan)>;
+
+fn plans() -> (Plans, Plans) {
     let all = [FaultOp::Malloc, FaultOp::Map, FaultOp::QueryEvent];
     let seeds: &[u64] = if cfg!(debug_assertions) { &[1] } else { &[1, 0x5eed, 42, 0xfa17] };
     let mut random = Vec::new();

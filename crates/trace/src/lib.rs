@@ -47,6 +47,10 @@ pub use compact::{read_compact, write_compact};
 pub use pickle::{read_pickle, write_snapshot_pickle};
 pub use rmm::read_rmm_csv;
 
+/// The largest device ordinal a trace may name. Writers emit one device list per ordinal up to
+/// the largest, so an absurd ordinal in a hostile file would make a gigabyte snapshot.
+pub const MAX_DEVICE_ORDINAL: i32 = 1024;
+
 /// Index of a [`Stack`] in [`Trace::stacks`].
 pub type StackId = u32;
 
@@ -520,6 +524,15 @@ impl Trace {
 
     /// Checks the invariants every reader guarantees: stack ids in range,
     /// devices sorted and unique. Writers call it before writing.
+    fn ordinal_error(&self, at: String, device: i32) -> TraceError {
+        TraceError::new(
+            &self.source,
+            ErrorKind::Invalid,
+            Location::Entry(at),
+            format!("device ordinal {device} is outside 0..={MAX_DEVICE_ORDINAL}"),
+        )
+    }
+
     pub fn validate(&self) -> Result<(), TraceError> {
         let n = self.stacks.len();
         let bad = |what: String| {
@@ -548,6 +561,9 @@ impl Trace {
                     "negative device ordinal",
                 ));
             }
+            if d.device > MAX_DEVICE_ORDINAL {
+                return Err(self.ordinal_error(format!("devices[{di}]"), d.device));
+            }
             for (i, e) in d.events.iter().enumerate() {
                 if !ok(e.stack) {
                     return Err(bad(format!("devices[{di}].events[{i}]")));
@@ -558,10 +574,18 @@ impl Trace {
             if !ok(s.stack) {
                 return Err(bad(format!("segments[{si}]")));
             }
+            if !(0..=MAX_DEVICE_ORDINAL).contains(&s.device) {
+                return Err(self.ordinal_error(format!("segments[{si}]"), s.device));
+            }
             for (bi, b) in s.blocks.iter().enumerate() {
                 if !ok(b.stack) {
                     return Err(bad(format!("segments[{si}].blocks[{bi}]")));
                 }
+            }
+        }
+        for (ai, a) in self.annotations.iter().enumerate() {
+            if !(0..=MAX_DEVICE_ORDINAL).contains(&a.device) {
+                return Err(self.ordinal_error(format!("external_annotations[{ai}]"), a.device));
             }
         }
         Ok(())

@@ -80,11 +80,15 @@ use crate::{
 /// Read a PyTorch snapshot pickle. `bytes` may also be gzip'd (detected by
 /// magic bytes). `source` names the input in errors and in [`Trace::source`].
 pub fn read_pickle(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
+    let trace = if bytes.starts_with(&[0x1f, 0x8b]) {
         let inner = crate::gunzip(bytes, source)?;
-        return read_plain_pickle(&inner, source);
-    }
-    read_plain_pickle(bytes, source)
+        read_plain_pickle(&inner, source)?
+    } else {
+        read_plain_pickle(bytes, source)?
+    };
+    // Bounds a hostile file could break (device ordinals, stack ids) are checked here too.
+    trace.validate()?;
+    Ok(trace)
 }
 
 fn read_plain_pickle(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
