@@ -58,5 +58,33 @@ fn pair(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, replay, pair);
+/// What recording history costs: the cache-hit pair with history off, on without stacks, and
+/// on with a 3-frame stack per allocation (the Python package passes Python frames this way).
+fn history(c: &mut Criterion) {
+    use cudamem_alloc::{Frame, RecordContext};
+    let mut g = c.benchmark_group("history");
+    for mode in ["off", "on", "on+stack"] {
+        let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(SimDevice::default());
+        let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), "pytorch").unwrap();
+        if mode != "off" {
+            a.record_memory_history(true, RecordContext::All, 100_000);
+        }
+        let frames: Vec<Frame> = (0..3)
+            .map(|i| Frame { name: format!("f{i}"), filename: "model.py".into(), line: 10 + i })
+            .collect();
+        g.bench_function(format!("512B_pair/{mode}"), |b| {
+            b.iter(|| {
+                let p = if mode == "on+stack" {
+                    a.malloc_with_stack(512, StreamId(0), frames.clone()).unwrap()
+                } else {
+                    a.malloc(512, StreamId(0)).unwrap()
+                };
+                a.free(p).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, replay, pair, history);
 criterion_main!(benches);
