@@ -11,3 +11,5 @@ echo "== Python package tests"
 bash python/build_and_test.sh
 echo "== The HTML viewer in headless Chromium"
 CUDAMEM=target/release/cudamem bash scripts/viz/browser-test.sh tests/data/bert_varlen_infer.pickle.gz target/viz-browser-test.png
+echo "== A short fuzz run of every target (20 s each; any failing input fails the run)"
+bash scripts/fuzz.sh 20

@@ -522,8 +522,7 @@ impl Trace {
         }
     }
 
-    /// Checks the invariants every reader guarantees: stack ids in range,
-    /// devices sorted and unique. Writers call it before writing.
+    /// The error for a device ordinal outside `0..=MAX_DEVICE_ORDINAL`.
     fn ordinal_error(&self, at: String, device: i32) -> TraceError {
         TraceError::new(
             &self.source,
@@ -533,6 +532,8 @@ impl Trace {
         )
     }
 
+    /// Checks the invariants every reader guarantees: stack ids in range, devices sorted and
+    /// unique, device ordinals within `0..=MAX_DEVICE_ORDINAL`. Writers call it before writing.
     pub fn validate(&self) -> Result<(), TraceError> {
         let n = self.stacks.len();
         let bad = |what: String| {
