@@ -100,9 +100,7 @@ impl From<RegistryError> for CError {
         let kind = match &e {
             RegistryError::Alloc(a) => return alloc_error(a),
             RegistryError::Device(_) => ERR_DEVICE,
-            RegistryError::BadDevice(_)
-            | RegistryError::BadSetting(_)
-            | RegistryError::InUse(_) => ERR_INVALID,
+            RegistryError::BadDevice(_) | RegistryError::BadSetting(_) | RegistryError::InUse(_) => ERR_INVALID,
         };
         CError {
             kind,
@@ -204,20 +202,13 @@ pub enum StackSource {
 /// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
 fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
     match stack {
-        StackSource::Gather if history::stack_mode(device) >= mode => {
-            history::gather_python_frames()
-        }
+        StackSource::Gather if history::stack_mode(device) >= mode => history::gather_python_frames(),
         StackSource::Gather => None,
         StackSource::Given(f) => f,
     }
 }
 
-fn malloc_impl(
-    size: usize,
-    device: c_int,
-    stream: *mut c_void,
-    stack: StackSource,
-) -> Result<*mut c_void, CError> {
+fn malloc_impl(size: usize, device: c_int, stream: *mut c_void, stack: StackSource) -> Result<*mut c_void, CError> {
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
@@ -239,11 +230,7 @@ fn malloc_impl(
 /// `void* cudamem_malloc(size_t size, int device, cudaStream_t stream)`: PyTorch's alloc
 /// function. On failure see the module documentation (error modes).
 #[no_mangle]
-pub extern "C-unwind" fn cudamem_malloc(
-    size: usize,
-    device: c_int,
-    stream: *mut c_void,
-) -> *mut c_void {
+pub extern "C-unwind" fn cudamem_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let err = match malloc_impl(size, device, stream, StackSource::Gather) {
         Ok(p) => return p,
         Err(e) => e,
@@ -317,9 +304,7 @@ fn free_impl(ptr: u64, device: c_int, stack: StackSource) -> Result<(), CError> 
     let Some(alloc) = registry::get(device) else {
         return Err(CError {
             kind: ERR_INVALID,
-            message: format!(
-                "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
-            ),
+            message: format!("invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"),
         });
     };
     let frames = frames_for(device, stack, STACKS_ALL); // outside catch_unwind: see frames_for
@@ -343,12 +328,7 @@ fn free_impl(ptr: u64, device: c_int, stack: StackSource) -> Result<(), CError> 
 /// function. `size` and `stream` are not needed (the allocator knows both). A pointer cudamem
 /// did not hand out is ignored: reported on stderr the first time, counted always.
 #[no_mangle]
-pub extern "C-unwind" fn cudamem_free(
-    ptr: *mut c_void,
-    _size: usize,
-    device: c_int,
-    _stream: *mut c_void,
-) {
+pub extern "C-unwind" fn cudamem_free(ptr: *mut c_void, _size: usize, device: c_int, _stream: *mut c_void) {
     if let Err(e) = free_impl(ptr as u64, device, StackSource::Gather) {
         if e.kind == ERR_INVALID {
             UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);

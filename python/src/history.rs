@@ -121,11 +121,7 @@ pub fn on_new_allocator(device: i32, alloc: &CachingAllocator) {
 
 /// Applies `s` to `device`'s allocator (created if needed), or with `None` to every allocator,
 /// existing or created later. `clear` empties the ring first (PyTorch's `clear_history`).
-pub fn set_history(
-    device: Option<i32>,
-    s: HistorySettings,
-    clear: bool,
-) -> Result<(), registry::RegistryError> {
+pub fn set_history(device: Option<i32>, s: HistorySettings, clear: bool) -> Result<(), registry::RegistryError> {
     // One setting at a time, so that a device's ring and its stack flag come from one call.
     static SETTING: Mutex<()> = Mutex::new(());
     let _one = SETTING.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,8 +131,7 @@ pub fn set_history(
             apply(d, a, s, clear);
         }
         None => registry::with_creation_locked(|| {
-            *DEFAULT.lock().unwrap_or_else(|e| e.into_inner()) =
-                if s.enabled { Some(s) } else { None };
+            *DEFAULT.lock().unwrap_or_else(|e| e.into_inner()) = if s.enabled { Some(s) } else { None };
             for (d, a) in registry::existing() {
                 apply(d, a, s, clear);
             }
@@ -171,11 +166,7 @@ pub fn gather_python_frames() -> Option<Vec<Frame>> {
 pub fn frames_of_current_thread(py: Python<'_>) -> Option<Vec<Frame>> {
     // A pending exception (this may run while one propagates and frees objects) must survive
     // the attribute lookups below.
-    let (mut ptype, mut pvalue, mut ptb) = (
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    );
+    let (mut ptype, mut pvalue, mut ptb) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: the GIL is held; PyErr_Fetch moves the error indicator (possibly empty) into the
     // three owned references, which PyErr_Restore takes back below.
     #[allow(deprecated)]
@@ -243,9 +234,7 @@ fn frame_info(py: Python<'_>, frame: &Bound<'_, PyAny>) -> Option<Frame> {
     let (name, filename) = match known {
         Some(k) => {
             if cached_line.is_none() {
-                if let (Some(i), Some(c)) =
-                    (lasti, code_cache().as_mut().and_then(|m| m.get_mut(&key)))
-                {
+                if let (Some(i), Some(c)) = (lasti, code_cache().as_mut().and_then(|m| m.get_mut(&key))) {
                     c.lines.insert(i, line);
                 }
             }
@@ -280,11 +269,7 @@ fn frame_info(py: Python<'_>, frame: &Bound<'_, PyAny>) -> Option<Frame> {
             out
         }
     };
-    Some(Frame {
-        name,
-        filename,
-        line,
-    })
+    Some(Frame { name, filename, line })
 }
 
 fn walk_frames(py: Python<'_>) -> Option<Vec<Frame>> {
@@ -296,8 +281,7 @@ fn walk_frames(py: Python<'_>) -> Option<Vec<Frame>> {
     }
     // SAFETY: `top` is a valid, non-NULL borrowed reference (just checked); from_borrowed_ptr
     // takes a new strong reference.
-    let mut frame: Bound<'_, PyAny> =
-        unsafe { Bound::from_borrowed_ptr(py, top.cast::<ffi::PyObject>()) };
+    let mut frame: Bound<'_, PyAny> = unsafe { Bound::from_borrowed_ptr(py, top.cast::<ffi::PyObject>()) };
     let mut out = Vec::with_capacity(32);
     while out.len() < MAX_FRAMES {
         out.push(frame_info(py, &frame)?);
@@ -465,10 +449,7 @@ pub fn trace_to_py<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py, P
         d.set_item(k("requested_size"), g.requested_size)?;
         d.set_item(k("stream"), g.stream)?;
         d.set_item(k("segment_type"), k(g.segment_type.as_str()))?;
-        d.set_item(
-            k("segment_pool_id"),
-            PyTuple::new(py, [g.pool_id.0, g.pool_id.1])?,
-        )?;
+        d.set_item(k("segment_pool_id"), PyTuple::new(py, [g.pool_id.0, g.pool_id.1])?)?;
         d.set_item(k("is_expandable"), g.is_expandable)?;
         d.set_item(k("frames"), b.frames_of(g.stack)?)?;
         let blocks = PyList::empty(py);
@@ -524,21 +505,12 @@ pub fn trace_to_py<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py, P
     let settings = PyDict::new(py);
     settings.set_item("PYTORCH_CUDA_ALLOC_CONF", &a.conf)?;
     settings.set_item("max_split_size", a.max_split_size)?;
-    settings.set_item(
-        "garbage_collection_threshold",
-        a.garbage_collection_threshold,
-    )?;
+    settings.set_item("garbage_collection_threshold", a.garbage_collection_threshold)?;
     settings.set_item("expandable_segments", a.expandable_segments)?;
     settings.set_item("pinned_num_register_threads", a.pinned_num_register_threads)?;
     settings.set_item("release_lock_on_cudamalloc", a.release_lock_on_cudamalloc)?;
-    settings.set_item(
-        "pinned_use_cuda_host_register",
-        a.pinned_use_cuda_host_register,
-    )?;
-    settings.set_item(
-        "graph_capture_record_stream_reuse",
-        a.graph_capture_record_stream_reuse,
-    )?;
+    settings.set_item("pinned_use_cuda_host_register", a.pinned_use_cuda_host_register)?;
+    settings.set_item("graph_capture_record_stream_reuse", a.graph_capture_record_stream_reuse)?;
     let div = PyDict::new(py);
     for (key, v) in &a.roundup_power2_divisions {
         div.set_item(key.to_string(), v)?;

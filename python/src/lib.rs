@@ -71,9 +71,9 @@ fn oom_error(py: Python<'_>, message: String) -> PyErr {
 fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
     match e {
         AllocError::OutOfMemory(_) => oom_error(py, e.to_string()),
-        AllocError::InvalidPointer { .. }
-        | AllocError::InvalidArgument(_)
-        | AllocError::Config(_) => PyValueError::new_err(e.to_string()),
+        AllocError::InvalidPointer { .. } | AllocError::InvalidArgument(_) | AllocError::Config(_) => {
+            PyValueError::new_err(e.to_string())
+        }
         _ => PyRuntimeError::new_err(e.to_string()),
     }
 }
@@ -131,11 +131,7 @@ fn stats_dict(device: i32) -> PyResult<StatsDict> {
                 .unwrap_or(u64::MAX);
             d.insert(
                 "max_split_size".into(),
-                if max_split == u64::MAX {
-                    -1
-                } else {
-                    max_split as i64
-                },
+                if max_split == u64::MAX { -1 } else { max_split as i64 },
             );
             d
         }
@@ -146,12 +142,7 @@ fn stats_dict(device: i32) -> PyResult<StatsDict> {
 /// default stream) and returns the device address (0 for size 0).
 #[pyfunction]
 #[pyo3(signature = (size, device=0, stream=None))]
-fn malloc(
-    py: Python<'_>,
-    size: &Bound<'_, PyAny>,
-    device: i32,
-    stream: Option<&Bound<'_, PyAny>>,
-) -> PyResult<u64> {
+fn malloc(py: Python<'_>, size: &Bound<'_, PyAny>, device: i32, stream: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
     let size = arg_u64(size, "size")?;
     let stream = match stream {
         Some(s) => arg_u64(s, "stream")?,
@@ -190,19 +181,12 @@ fn free(py: Python<'_>, ptr: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
 /// Marks the allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`).
 #[pyfunction]
 #[pyo3(signature = (ptr, stream, device=0))]
-fn record_stream(
-    py: Python<'_>,
-    ptr: &Bound<'_, PyAny>,
-    stream: &Bound<'_, PyAny>,
-    device: i32,
-) -> PyResult<()> {
+fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
     let ptr = arg_u64(ptr, "ptr")?;
     let stream = arg_u64(stream, "stream")?;
     check_device(device)?;
     match registry::get(device) {
-        Some(a) => a
-            .record_stream(ptr, StreamId(stream))
-            .map_err(|e| alloc_err(py, e)),
+        Some(a) => a.record_stream(ptr, StreamId(stream)).map_err(|e| alloc_err(py, e)),
         None => Err(PyValueError::new_err(format!(
             "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
         ))),
@@ -293,8 +277,7 @@ fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
         None => registry::existing().map(|(_, a)| a).collect(),
     };
     for a in targets {
-        py.allow_threads(|| a.empty_cache())
-            .map_err(|e| alloc_err(py, e))?;
+        py.allow_threads(|| a.empty_cache()).map_err(|e| alloc_err(py, e))?;
     }
     Ok(())
 }
@@ -303,26 +286,16 @@ fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (device=0))]
 fn mem_get_info(py: Python<'_>, device: i32) -> PyResult<(u64, u64)> {
-    allocator(py, device)?
-        .mem_get_info()
-        .map_err(|e| alloc_err(py, e))
+    allocator(py, device)?.mem_get_info().map_err(|e| alloc_err(py, e))
 }
 
 /// Limits the allocator of `device` to `fraction` of the device's memory.
 #[pyfunction]
 #[pyo3(signature = (fraction, device=0))]
-fn set_per_process_memory_fraction(
-    py: Python<'_>,
-    fraction: &Bound<'_, PyAny>,
-    device: i32,
-) -> PyResult<()> {
+fn set_per_process_memory_fraction(py: Python<'_>, fraction: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
     let ok_type = (fraction.is_instance_of::<PyFloat>() || fraction.is_instance_of::<PyInt>())
         && !fraction.is_instance_of::<PyBool>();
-    let f = if ok_type {
-        fraction.extract::<f64>().ok()
-    } else {
-        None
-    };
+    let f = if ok_type { fraction.extract::<f64>().ok() } else { None };
     let Some(f) = f.filter(|f| (0.0..=1.0).contains(f)) else {
         return Err(PyValueError::new_err(format!(
             "fraction must be a float in [0, 1], got {}",
@@ -391,9 +364,7 @@ fn _set_oom_class_factory(factory: Py<PyAny>) {
 #[pyfunction]
 fn set_error_mode(mode: i32) -> PyResult<i32> {
     match ffi::cudamem_set_error_mode(mode) {
-        -1 => Err(PyValueError::new_err(format!(
-            "mode must be 0, 1 or 2, got {mode}"
-        ))),
+        -1 => Err(PyValueError::new_err(format!("mode must be 0, 1 or 2, got {mode}"))),
         prev => Ok(prev),
     }
 }
@@ -478,11 +449,7 @@ fn record_memory_history(
             RecordContext::Never
         },
         // PyTorch (memory_snapshot.cpp): max_entries is forced to 1 unless enabled == "all".
-        max_entries: if enabled == Some("all") {
-            max_entries.max(1)
-        } else {
-            1
-        },
+        max_entries: if enabled == Some("all") { max_entries.max(1) } else { 1 },
     };
     history::set_history(device, settings, clear_history).map_err(|e| reg_err(py, e))
 }
@@ -500,8 +467,7 @@ fn snapshot(py: Python<'_>, device: Option<i32>) -> PyResult<Bound<'_, PyDict>> 
 
 fn pickle_of(t: &cudamem_trace::Trace) -> PyResult<Vec<u8>> {
     let mut out = Vec::new();
-    cudamem_trace::write_snapshot_pickle(t, &mut out)
-        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    cudamem_trace::write_snapshot_pickle(t, &mut out).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     Ok(out)
 }
 
@@ -523,8 +489,7 @@ fn _snapshot_pickle(py: Python<'_>, device: Option<i32>) -> PyResult<Py<PyBytes>
 #[pyo3(signature = (data, source="<bytes>"))]
 fn _trace_roundtrip(py: Python<'_>, data: &[u8], source: &str) -> PyResult<Py<PyBytes>> {
     let bytes = py.allow_threads(|| {
-        let t = cudamem_trace::read_bytes(data, source)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let t = cudamem_trace::read_bytes(data, source).map_err(|e| PyValueError::new_err(e.to_string()))?;
         pickle_of(&t)
     })?;
     Ok(PyBytes::new(py, &bytes).unbind())

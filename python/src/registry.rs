@@ -66,9 +66,7 @@ pub enum RegistryError {
 impl std::fmt::Display for RegistryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RegistryError::BadDevice(m)
-            | RegistryError::BadSetting(m)
-            | RegistryError::InUse(m) => f.write_str(m),
+            RegistryError::BadDevice(m) | RegistryError::BadSetting(m) | RegistryError::InUse(m) => f.write_str(m),
             RegistryError::Device(e) => write!(f, "cudamem: cannot open the device: {e}"),
             RegistryError::Alloc(e) => e.fmt(f),
         }
@@ -115,8 +113,8 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     }
     let (config, policy) = effective_settings()?;
     let dev = open_device(device)?;
-    let alloc = CachingAllocator::with_policy(dev, config, &policy)
-        .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    let alloc =
+        CachingAllocator::with_policy(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
     // Memory history set for every device (record_memory_history(device=None)) applies to
     // allocators created later too; under CREATE, so that no setting is missed.
     crate::history::on_new_allocator(device, &alloc);
@@ -193,9 +191,7 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
         },
     };
     check_policy(&policy).map_err(|e| match e {
-        RegistryError::BadSetting(m) if from_env => {
-            RegistryError::BadSetting(format!("CUDAMEM_POLICY: {m}"))
-        }
+        RegistryError::BadSetting(m) if from_env => RegistryError::BadSetting(format!("CUDAMEM_POLICY: {m}")),
         other => other,
     })?;
     Ok((config, policy))
@@ -261,9 +257,7 @@ fn open_device(ordinal: i32) -> Result<Arc<dyn Device>, RegistryError> {
 /// A byte count with an optional unit: `1073741824`, `8GiB`, `8G`, `80GB`, `1.5TiB`.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
     let mult: f64 = match unit.as_str() {
         "" | "b" => 1.0,
@@ -277,8 +271,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "tb" => 1e12,
         _ => return None,
     };
-    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
-    {
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
         return None;
     }
     if !num.contains('.') {

@@ -31,12 +31,7 @@ fn json_text(v: serde_json::Value) -> Result<String, String> {
 /// text with `as_json`).
 #[pyfunction]
 #[pyo3(signature = (data, source, as_json=false))]
-pub fn _report_summary(
-    py: Python<'_>,
-    data: &[u8],
-    source: &str,
-    as_json: bool,
-) -> PyResult<String> {
+pub fn _report_summary(py: Python<'_>, data: &[u8], source: &str, as_json: bool) -> PyResult<String> {
     py.allow_threads(|| {
         let t = load(data, source)?;
         let r = summary(&t).map_err(|e| named(source, e))?;
@@ -115,8 +110,7 @@ pub fn _report_viz(
         match policy {
             Some(p) => {
                 let mut cfg = cudamem_alloc::AllocatorConfig::default();
-                cudamem_alloc::policy::by_name(&p, &mut cfg)
-                    .map_err(|e| format!("cudamem: {e}"))?;
+                cudamem_alloc::policy::by_name(&p, &mut cfg).map_err(|e| format!("cudamem: {e}"))?;
                 let title = title.unwrap_or_else(|| format!("{} replayed with {p}", t.source));
                 viz_replay(&t, &p, config, &title).map_err(|e| named(source, e))
             }

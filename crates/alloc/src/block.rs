@@ -115,7 +115,10 @@ impl BlockArena {
     }
     /// Iterates over live blocks.
     pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
-        self.slots.iter().enumerate().filter_map(|(i, b)| b.as_ref().map(|b| (BlockId(i as u32), b)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (BlockId(i as u32), b)))
     }
     /// Number of live blocks.
     pub fn len(&self) -> usize {
@@ -162,7 +165,12 @@ pub struct Pool {
 impl Pool {
     /// An empty pool.
     pub fn new(is_small: bool) -> Self {
-        Pool { is_small, blocks: FreeIndex::default(), unmapped: BTreeSet::new(), get_free_blocks_call_count: 0 }
+        Pool {
+            is_small,
+            blocks: FreeIndex::default(),
+            unmapped: BTreeSet::new(),
+            get_free_blocks_call_count: 0,
+        }
     }
     /// The key of a block in the free set.
     #[inline]

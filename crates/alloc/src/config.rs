@@ -242,9 +242,9 @@ impl AllocatorConfig {
     pub fn from_env() -> Result<AllocatorConfig, ConfigError> {
         for var in ENV_VARS {
             if let Some(value) = std::env::var_os(var) {
-                let text = value.to_str().ok_or_else(|| {
-                    ConfigError::new(var, format!("{var}: value {value:?} is not valid UTF-8"))
-                })?;
+                let text = value
+                    .to_str()
+                    .ok_or_else(|| ConfigError::new(var, format!("{var}: value {value:?} is not valid UTF-8")))?;
                 return AllocatorConfig::parse(text);
             }
         }
@@ -254,9 +254,7 @@ impl AllocatorConfig {
     /// [`from_env`](Self::from_env) with the environment given as a lookup
     /// function, for callers (and tests) that must not touch the process
     /// environment.
-    pub fn from_env_with(
-        mut lookup: impl FnMut(&str) -> Option<String>,
-    ) -> Result<AllocatorConfig, ConfigError> {
+    pub fn from_env_with(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<AllocatorConfig, ConfigError> {
         for var in ENV_VARS {
             if let Some(value) = lookup(var) {
                 return AllocatorConfig::parse(&value);
@@ -302,10 +300,7 @@ impl AllocatorConfig {
             let mb = entry.scalar()?;
             let val = parse_u64(&entry.key, mb)?;
             if val <= MIN_LARGE_ALLOC / MIB {
-                return Err(entry.error(format!(
-                    "'{mb}' must be greater than {} MiB",
-                    MIN_LARGE_ALLOC / MIB
-                )));
+                return Err(entry.error(format!("'{mb}' must be greater than {} MiB", MIN_LARGE_ALLOC / MIB)));
             }
             self.large_segment_size = mib_to_bytes_clamped(val);
         }
@@ -340,9 +335,7 @@ impl AllocatorConfig {
                 let val = parse_f64(key, text)?;
                 // Written so that NaN fails too.
                 if !(val > 0.0 && val < 1.0) {
-                    return Err(entry.error(format!(
-                        "'{text}' must be greater than 0.0 and less than 1.0"
-                    )));
+                    return Err(entry.error(format!("'{text}' must be greater than 0.0 and less than 1.0")));
                 }
                 self.garbage_collection_threshold = val;
             }
@@ -358,18 +351,14 @@ impl AllocatorConfig {
                 self.roundup_power2_divisions = parse_roundup(entry)?;
             }
             "expandable_segments" => self.expandable_segments = entry.boolean()?,
-            "pinned_use_background_threads" => {
-                self.pinned_use_background_threads = entry.boolean()?
-            }
+            "pinned_use_background_threads" => self.pinned_use_background_threads = entry.boolean()?,
             "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
                 self.release_lock_on_cudamalloc = entry.boolean()?
             }
             "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
                 self.pinned_use_cuda_host_register = entry.boolean()?
             }
-            "graph_capture_record_stream_reuse" => {
-                self.graph_capture_record_stream_reuse = entry.boolean()?
-            }
+            "graph_capture_record_stream_reuse" => self.graph_capture_record_stream_reuse = entry.boolean()?,
             "pinned_num_register_threads" => {
                 let text = entry.scalar()?;
                 let val = parse_u64(key, text)?;
@@ -377,9 +366,7 @@ impl AllocatorConfig {
                     return Err(entry.error(format!("'{text}' must be a power of two")));
                 }
                 if val > MAX_REGISTER_THREADS {
-                    return Err(entry.error(format!(
-                        "'{text}' exceeds the maximum of {MAX_REGISTER_THREADS}"
-                    )));
+                    return Err(entry.error(format!("'{text}' exceeds the maximum of {MAX_REGISTER_THREADS}")));
                 }
                 self.pinned_num_register_threads = val;
             }
@@ -397,9 +384,7 @@ impl AllocatorConfig {
                     "native" => Backend::Native,
                     "cudaMallocAsync" => Backend::CudaMallocAsync,
                     _ => {
-                        return Err(entry.error(format!(
-                            "unknown backend '{text}', expected native or cudaMallocAsync"
-                        )))
+                        return Err(entry.error(format!("unknown backend '{text}', expected native or cudaMallocAsync")))
                     }
                 };
                 if !at_startup && backend != self.backend {
@@ -415,10 +400,7 @@ impl AllocatorConfig {
             _ => {
                 return Err(ConfigError::new(
                     key,
-                    format!(
-                        "unrecognized key '{key}' in allocator config '{}'",
-                        entry.source
-                    ),
+                    format!("unrecognized key '{key}' in allocator config '{}'", entry.source),
                 ))
             }
         }
@@ -430,9 +412,7 @@ impl AllocatorConfig {
     /// bucket 0, sizes from 32 GiB bucket 15).
     pub fn roundup_power2_bucket(size: u64) -> usize {
         let log_size = size.checked_ilog2().unwrap_or(0) as usize;
-        log_size
-            .saturating_sub(20)
-            .min(ROUNDUP_POWER2_INTERVALS - 1)
+        log_size.saturating_sub(20).min(ROUNDUP_POWER2_INTERVALS - 1)
     }
 
     /// PyTorch's `roundup_power2_divisions(size)`: the divisions configured
@@ -485,10 +465,7 @@ impl AllocatorConfig {
                 SettingValue::Str(self.settings.clone()),
             ),
             // `as` wraps like C++'s static_cast<int64_t>: u64::MAX is -1.
-            (
-                "max_split_size".into(),
-                SettingValue::Int(self.max_split_size as i64),
-            ),
+            ("max_split_size".into(), SettingValue::Int(self.max_split_size as i64)),
             (
                 "garbage_collection_threshold".into(),
                 SettingValue::Float(self.garbage_collection_threshold),
@@ -513,10 +490,7 @@ impl AllocatorConfig {
                 "graph_capture_record_stream_reuse".into(),
                 SettingValue::Bool(self.graph_capture_record_stream_reuse),
             ),
-            (
-                "roundup_power2_divisions".into(),
-                SettingValue::Map(roundup),
-            ),
+            ("roundup_power2_divisions".into(), SettingValue::Map(roundup)),
         ]
     }
 }
@@ -748,14 +722,9 @@ fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
             };
             return Err(ConfigError::new("", message));
         }
-        let err = |detail: String| {
-            ConfigError::new(key, format!("{key}: {detail} in allocator config '{s}'"))
-        };
+        let err = |detail: String| ConfigError::new(key, format!("{key}: {detail} in allocator config '{s}'"));
         if at(i + 1) != Some(":") {
-            return Err(err(format!(
-                "expected ':' after the key, got {}",
-                found(i + 1)
-            )));
+            return Err(err(format!("expected ':' after the key, got {}", found(i + 1))));
         }
         let value = match at(i + 2) {
             None => return Err(err("missing value".into())),
@@ -776,10 +745,7 @@ fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
                         }
                         Some(",") => {
                             if item.is_empty() {
-                                return Err(err(format!(
-                                    "empty item in the list, at {}",
-                                    found(j)
-                                )));
+                                return Err(err(format!("empty item in the list, at {}", found(j))));
                             }
                             items.push(std::mem::take(&mut item));
                         }
@@ -809,10 +775,7 @@ fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
             None => i += 1,
             Some(",") => i += 2,
             Some(_) => {
-                let value_text = entries
-                    .last()
-                    .map(|e| e.value.to_string())
-                    .unwrap_or_default();
+                let value_text = entries.last().map(|e| e.value.to_string()).unwrap_or_default();
                 return Err(err(format!(
                     "expected ',' after the value '{value_text}', got {}",
                     found(i + 1)
@@ -874,10 +837,7 @@ mod tests {
             },
             AllocatorConfig::default()
         );
-        assert_eq!(
-            "".parse::<AllocatorConfig>().unwrap(),
-            AllocatorConfig::default()
-        );
+        assert_eq!("".parse::<AllocatorConfig>().unwrap(), AllocatorConfig::default());
     }
 
     #[test]
@@ -912,20 +872,13 @@ mod tests {
                 format!("max_split_size_mb: expected a non-negative integer, got '{bad}'")
             );
         }
-        assert!(error("max_split_size_mb:99999999999999999999999")
-            .contains("'99999999999999999999999' is too large"));
+        assert!(error("max_split_size_mb:99999999999999999999999").contains("'99999999999999999999999' is too large"));
     }
 
     #[test]
     fn max_non_split_rounding_mb() {
-        assert_eq!(
-            parse("max_non_split_rounding_mb:64").max_non_split_rounding,
-            64 * MIB
-        );
-        assert_eq!(
-            parse("max_non_split_rounding_mb:20").max_non_split_rounding,
-            20 * MIB
-        );
+        assert_eq!(parse("max_non_split_rounding_mb:64").max_non_split_rounding, 64 * MIB);
+        assert_eq!(parse("max_non_split_rounding_mb:20").max_non_split_rounding, 20 * MIB);
         assert_eq!(
             error("max_non_split_rounding_mb:19"),
             "max_non_split_rounding_mb: '19' is below the minimum of 20 MiB"
@@ -937,10 +890,7 @@ mod tests {
         let c = parse("large_segment_size_mb:40");
         assert_eq!(c.large_segment_size, 40 * MIB);
         assert_eq!(c.max_non_split_rounding, 40 * MIB);
-        assert_eq!(
-            parse("large_segment_size_mb:11").large_segment_size,
-            11 * MIB
-        );
+        assert_eq!(parse("large_segment_size_mb:11").large_segment_size, 11 * MIB);
         assert_eq!(
             error("large_segment_size_mb:10"),
             "large_segment_size_mb: '10' must be greater than 10 MiB"
@@ -954,10 +904,7 @@ mod tests {
             "max_non_split_rounding_mb: '30' is below the minimum of 40 MiB"
         );
         let c = parse("max_split_size_mb:12,large_segment_size_mb:12,max_non_split_rounding_mb:16");
-        assert_eq!(
-            (c.max_split_size, c.max_non_split_rounding),
-            (12 * MIB, 16 * MIB)
-        );
+        assert_eq!((c.max_split_size, c.max_non_split_rounding), (12 * MIB, 16 * MIB));
     }
 
     #[test]
@@ -984,14 +931,8 @@ mod tests {
 
     #[test]
     fn per_process_memory_fraction() {
-        assert_eq!(
-            parse("per_process_memory_fraction:0").per_process_memory_fraction,
-            0.0
-        );
-        assert_eq!(
-            parse("per_process_memory_fraction:1").per_process_memory_fraction,
-            1.0
-        );
+        assert_eq!(parse("per_process_memory_fraction:0").per_process_memory_fraction, 0.0);
+        assert_eq!(parse("per_process_memory_fraction:1").per_process_memory_fraction, 1.0);
         assert_eq!(
             parse("per_process_memory_fraction:0.25").per_process_memory_fraction,
             0.25
@@ -1006,14 +947,8 @@ mod tests {
 
     #[test]
     fn roundup_power2_divisions_single_value() {
-        assert_eq!(
-            parse("roundup_power2_divisions:4").roundup_power2_divisions,
-            [4; 16]
-        );
-        assert_eq!(
-            parse("roundup_power2_divisions:1").roundup_power2_divisions,
-            [1; 16]
-        );
+        assert_eq!(parse("roundup_power2_divisions:4").roundup_power2_divisions, [4; 16]);
+        assert_eq!(parse("roundup_power2_divisions:1").roundup_power2_divisions, [1; 16]);
         // A single value must be a power of two: 0 is refused here (but not
         // in the list form), as in PyTorch.
         assert_eq!(
@@ -1060,14 +995,8 @@ mod tests {
             parse("roundup_power2_divisions:[1:0]").roundup_power2_divisions,
             [0; 16]
         );
-        assert_eq!(
-            parse("roundup_power2_divisions:[]").roundup_power2_divisions,
-            [0; 16]
-        );
-        assert_eq!(
-            parse("roundup_power2_divisions:[1:4,]").roundup_power2_divisions[0],
-            4
-        );
+        assert_eq!(parse("roundup_power2_divisions:[]").roundup_power2_divisions, [0; 16]);
+        assert_eq!(parse("roundup_power2_divisions:[1:4,]").roundup_power2_divisions[0], 4);
         // Later entries override earlier ones.
         assert_eq!(
             parse("roundup_power2_divisions:[1:4,1:2]").roundup_power2_divisions[0],
@@ -1115,21 +1044,11 @@ mod tests {
         type Get = fn(&AllocatorConfig) -> bool;
         let keys: [(&str, Get); 7] = [
             ("expandable_segments", |c| c.expandable_segments),
-            ("release_lock_on_cudamalloc", |c| {
-                c.release_lock_on_cudamalloc
-            }),
-            ("release_lock_on_hipmalloc", |c| {
-                c.release_lock_on_cudamalloc
-            }),
-            ("pinned_use_cuda_host_register", |c| {
-                c.pinned_use_cuda_host_register
-            }),
-            ("pinned_use_hip_host_register", |c| {
-                c.pinned_use_cuda_host_register
-            }),
-            ("pinned_use_background_threads", |c| {
-                c.pinned_use_background_threads
-            }),
+            ("release_lock_on_cudamalloc", |c| c.release_lock_on_cudamalloc),
+            ("release_lock_on_hipmalloc", |c| c.release_lock_on_cudamalloc),
+            ("pinned_use_cuda_host_register", |c| c.pinned_use_cuda_host_register),
+            ("pinned_use_hip_host_register", |c| c.pinned_use_cuda_host_register),
+            ("pinned_use_background_threads", |c| c.pinned_use_background_threads),
             ("graph_capture_record_stream_reuse", |c| {
                 c.graph_capture_record_stream_reuse
             }),
@@ -1137,16 +1056,10 @@ mod tests {
         for (key, get) in keys {
             assert!(get(&parse(&format!("{key}:True"))), "{key}");
             assert!(!get(&parse(&format!("{key}:False"))), "{key}");
-            assert!(
-                !get(&parse(&format!("{key}:True,{key}:False"))),
-                "{key}: last wins"
-            );
+            assert!(!get(&parse(&format!("{key}:True,{key}:False"))), "{key}: last wins");
             for bad in ["true", "false", "1", "0", "TRUE", "yes"] {
                 let e = AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err();
-                assert_eq!(
-                    e.to_string(),
-                    format!("{key}: expected True or False, got '{bad}'")
-                );
+                assert_eq!(e.to_string(), format!("{key}: expected True or False, got '{bad}'"));
                 assert_eq!(e.key(), key);
             }
         }
@@ -1154,14 +1067,8 @@ mod tests {
 
     #[test]
     fn pinned_num_register_threads() {
-        assert_eq!(
-            parse("pinned_num_register_threads:8").pinned_num_register_threads,
-            8
-        );
-        assert_eq!(
-            parse("pinned_num_register_threads:1").pinned_num_register_threads,
-            1
-        );
+        assert_eq!(parse("pinned_num_register_threads:8").pinned_num_register_threads, 8);
+        assert_eq!(parse("pinned_num_register_threads:1").pinned_num_register_threads, 1);
         assert_eq!(
             parse("pinned_num_register_threads:128").pinned_num_register_threads,
             128
@@ -1195,10 +1102,7 @@ mod tests {
     #[test]
     fn backend_and_policy() {
         assert_eq!(parse("backend:native").backend, Backend::Native);
-        assert_eq!(
-            parse("backend:cudaMallocAsync").backend,
-            Backend::CudaMallocAsync
-        );
+        assert_eq!(parse("backend:cudaMallocAsync").backend, Backend::CudaMallocAsync);
         assert_eq!(Backend::CudaMallocAsync.to_string(), "cudaMallocAsync");
         assert_eq!(
             error("backend:hipMallocAsync"),
@@ -1218,15 +1122,10 @@ mod tests {
     #[test]
     fn syntax_errors_name_the_key_and_the_text() {
         let e = AllocatorConfig::parse("foo:1").unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "unrecognized key 'foo' in allocator config 'foo:1'"
-        );
+        assert_eq!(e.to_string(), "unrecognized key 'foo' in allocator config 'foo:1'");
         assert_eq!(e.key(), "foo");
         // Keys are case-sensitive, and newer PyTorch keys cudamem lacks are refused.
-        assert!(
-            error("Expandable_Segments:True").starts_with("unrecognized key 'Expandable_Segments'")
-        );
+        assert!(error("Expandable_Segments:True").starts_with("unrecognized key 'Expandable_Segments'"));
         assert!(error("throw_on_cudamalloc_oom:True").starts_with("unrecognized key"));
         assert_eq!(
             error(",expandable_segments:True"),
@@ -1236,14 +1135,8 @@ mod tests {
             error("expandable_segments:True,,policy:x"),
             "empty key before ',' in allocator config 'expandable_segments:True,,policy:x'"
         );
-        assert_eq!(
-            error(":True"),
-            "empty key before ':' in allocator config ':True'"
-        );
-        assert_eq!(
-            error("[1:2]"),
-            "expected a key, got '[' in allocator config '[1:2]'"
-        );
+        assert_eq!(error(":True"), "empty key before ':' in allocator config ':True'");
+        assert_eq!(error("[1:2]"), "expected a key, got '[' in allocator config '[1:2]'");
         assert_eq!(
             error("expandable_segments"),
             "expandable_segments: expected ':' after the key, got the end in allocator config \
@@ -1315,9 +1208,7 @@ mod tests {
         let mut c = parse("max_split_size_mb:64,expandable_segments:True");
         let before = c.clone();
         // The first key is valid, the second not: nothing may change.
-        let e = c
-            .apply("expandable_segments:False,max_split_size_mb:1")
-            .unwrap_err();
+        let e = c.apply("expandable_segments:False,max_split_size_mb:1").unwrap_err();
         assert_eq!(e.key(), "max_split_size_mb");
         assert_eq!(c, before);
         assert!(c.apply("expandable_segments:False,nope:1").is_err());
@@ -1336,8 +1227,7 @@ mod tests {
         );
         c.apply("backend:native").unwrap();
         let mut c = parse("backend:cudaMallocAsync");
-        c.apply("backend:cudaMallocAsync,expandable_segments:True")
-            .unwrap();
+        c.apply("backend:cudaMallocAsync,expandable_segments:True").unwrap();
         assert!(c.apply("backend:native").is_err());
         assert_eq!(c.backend, Backend::CudaMallocAsync);
     }
@@ -1345,20 +1235,13 @@ mod tests {
     #[test]
     fn from_env_priority() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |var: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == var)
-                    .map(|(_, v)| v.to_string())
-            }
+            move |var: &str| pairs.iter().find(|(k, _)| *k == var).map(|(_, v)| v.to_string())
         };
         assert_eq!(
             AllocatorConfig::from_env_with(env(&[])).unwrap(),
             AllocatorConfig::default()
         );
-        let c =
-            AllocatorConfig::from_env_with(env(&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")]))
-                .unwrap();
+        let c = AllocatorConfig::from_env_with(env(&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")])).unwrap();
         assert_eq!(c.max_split_size, 64 * MIB);
         assert_eq!(c.settings, "max_split_size_mb:64");
         let c = AllocatorConfig::from_env_with(env(&[
@@ -1372,10 +1255,7 @@ mod tests {
             ("CUDAMEM_ALLOC_CONF", "policy:cudamem"),
         ]))
         .unwrap();
-        assert_eq!(
-            (c.max_split_size, c.policy.as_deref()),
-            (u64::MAX, Some("cudamem"))
-        );
+        assert_eq!((c.max_split_size, c.policy.as_deref()), (u64::MAX, Some("cudamem")));
         // Set but empty still wins, giving the defaults.
         let c = AllocatorConfig::from_env_with(env(&[
             ("PYTORCH_CUDA_ALLOC_CONF", ""),
@@ -1384,11 +1264,7 @@ mod tests {
         .unwrap();
         assert_eq!(c, AllocatorConfig::default());
         // At startup the backend may be chosen; errors come through.
-        let c = AllocatorConfig::from_env_with(env(&[(
-            "PYTORCH_HIP_ALLOC_CONF",
-            "backend:cudaMallocAsync",
-        )]))
-        .unwrap();
+        let c = AllocatorConfig::from_env_with(env(&[("PYTORCH_HIP_ALLOC_CONF", "backend:cudaMallocAsync")])).unwrap();
         assert_eq!(c.backend, Backend::CudaMallocAsync);
         assert!(AllocatorConfig::from_env_with(env(&[("CUDAMEM_ALLOC_CONF", "x:1")])).is_err());
     }

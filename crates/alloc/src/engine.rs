@@ -103,7 +103,11 @@ impl Engine {
     #[inline]
     fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, stack: Option<u32>) {
         if self.history.enabled {
-            let stack = if self.history.context >= crate::history::RecordContext::Alloc { stack } else { None };
+            let stack = if self.history.context >= crate::history::RecordContext::Alloc {
+                stack
+            } else {
+                None
+            };
             self.history.push(action, addr, size, stream.0, stack);
         }
     }
@@ -130,7 +134,12 @@ impl Engine {
         let size = self.policy.round_size(&self.config, orig_size);
         let pool = self.policy.pool_for(&self.config, size);
         let alloc_size = self.policy.allocation_size(&self.config, size);
-        let req = Request { size, stream, pool, alloc_size };
+        let req = Request {
+            size,
+            stream,
+            pool,
+            alloc_size,
+        };
 
         let mut block = self.get_free_block(&req);
         if block.is_none() {
@@ -139,7 +148,9 @@ impl Engine {
         let Some(block) = block else {
             return Err(self.raise_oom(&req, orig_size));
         };
-        let split = self.policy.should_split(&self.config, &self.blocks[block], size, self.is_small(pool));
+        let split = self
+            .policy
+            .should_split(&self.config, &self.blocks[block], size, self.is_small(pool));
         Ok(self.alloc_found_block(block, &req, orig_size, split))
     }
 
@@ -271,7 +282,9 @@ impl Engine {
             stack: self.current_stack,
             oversize: size >= self.config.max_split_size,
         });
-        let id = self.blocks.insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
+        let id = self
+            .blocks
+            .insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
         let small = self.is_small(req.pool);
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, size);
@@ -283,7 +296,15 @@ impl Engine {
         Ok(Some(id))
     }
 
-    fn new_block(&self, addr: u64, size: u64, stream: StreamId, pool: PoolId, segment: SegmentId, expandable: bool) -> Block {
+    fn new_block(
+        &self,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        pool: PoolId,
+        segment: SegmentId,
+        expandable: bool,
+    ) -> Block {
         Block {
             addr,
             size,
@@ -429,7 +450,11 @@ impl Engine {
             size: va,
             pool: req.pool,
             stream: req.stream,
-            backing: Backing::Expandable { page_size, map_chunk, mappings: Default::default() },
+            backing: Backing::Expandable {
+                page_size,
+                map_chunk,
+                mappings: Default::default(),
+            },
             stack: self.current_stack,
             oversize: false,
         });
@@ -605,7 +630,11 @@ impl Engine {
         let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
         self.stats.allocation.decrease(small, 1);
         self.stats.allocated_bytes.decrease(small, size);
-        let free_stack = if self.history.context >= crate::history::RecordContext::All { self.current_stack } else { stack };
+        let free_stack = if self.history.context >= crate::history::RecordContext::All {
+            self.current_stack
+        } else {
+            stack
+        };
         self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
         if std::mem::take(&mut self.blocks[id].oversize) {
             self.stats.oversize_allocations.decrease(1);
@@ -913,7 +942,9 @@ impl Engine {
     /// Frees old unsplit cached blocks when usage passes the GC threshold (PyTorch
     /// `garbage_collect_cached_blocks`); never synchronises.
     fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
-        let Some(max) = self.allowed_memory_maximum else { return Ok(()) };
+        let Some(max) = self.allowed_memory_maximum else {
+            return Ok(());
+        };
         let threshold = (self.config.garbage_collection_threshold * max as f64) as u64;
         if self.total_allocated_memory <= threshold {
             return Ok(());

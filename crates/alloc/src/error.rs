@@ -46,7 +46,10 @@ impl OutOfMemory {
         if self.over_one_exabyte {
             return "CUDA out of memory. Tried to allocate more than 1EB memory.".to_string();
         }
-        let allowed = self.allowed.map(|a| format!("{} allowed; ", format_size(a))).unwrap_or_default();
+        let allowed = self
+            .allowed
+            .map(|a| format!("{} allowed; ", format_size(a)))
+            .unwrap_or_default();
         format!(
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is free. \
              Including non-PyTorch memory, this process has {} memory in use. {}Of the allocated memory {} is \

@@ -91,10 +91,7 @@ mod tests {
         // reserved - allocated after empty_cache: 343932928 - 296465408.
         assert_eq!(format_size(343_932_928 - 296_465_408), "45.27 MiB");
         // "6.99 GiB allowed": fraction 0.05 of the 139.80 GiB total.
-        assert_eq!(
-            format_size((0.05f64 * 150_109_880_320f64) as u64),
-            "6.99 GiB"
-        );
+        assert_eq!(format_size((0.05f64 * 150_109_880_320f64) as u64), "6.99 GiB");
     }
 
     #[test]

@@ -50,7 +50,12 @@ pub struct StreamBins {
 
 impl Default for StreamBins {
     fn default() -> Self {
-        StreamBins { classes: vec![Vec::new(); CLASSES], words: [0; WORDS], summary: 0, len: 0 }
+        StreamBins {
+            classes: vec![Vec::new(); CLASSES],
+            words: [0; WORDS],
+            summary: 0,
+            len: 0,
+        }
     }
 }
 
@@ -80,7 +85,11 @@ impl StreamBins {
         if here != 0 {
             return Some(w * 64 + here.trailing_zeros() as usize);
         }
-        let later = if w + 1 >= 64 { 0 } else { self.summary & (!0u64 << (w + 1)) };
+        let later = if w + 1 >= 64 {
+            0
+        } else {
+            self.summary & (!0u64 << (w + 1))
+        };
         if later == 0 {
             return None;
         }
@@ -211,7 +220,9 @@ impl FreeIndex {
 
     /// Removes a free block; false if it was not there.
     pub fn remove(&mut self, k: &SizeKey) -> bool {
-        let Some(b) = self.streams.iter_mut().find(|(s, _)| *s == k.0) else { return false };
+        let Some(b) = self.streams.iter_mut().find(|(s, _)| *s == k.0) else {
+            return false;
+        };
         let removed = b.1.remove(k.1, k.2);
         self.len -= removed as usize;
         removed
@@ -279,7 +290,9 @@ impl FreeIndex {
     pub fn iter(&self) -> impl Iterator<Item = SizeKey> + '_ {
         self.streams.iter().flat_map(|(s, b)| {
             let s = *s;
-            b.classes.iter().flat_map(move |v| v.iter().map(move |&(sz, a, id)| (s, sz, a, id)))
+            b.classes
+                .iter()
+                .flat_map(move |v| v.iter().map(move |&(sz, a, id)| (s, sz, a, id)))
         })
     }
 

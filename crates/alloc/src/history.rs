@@ -88,17 +88,28 @@ impl History {
         if self.entries.len() >= self.max_entries.max(1) {
             self.entries.pop_front();
         }
-        self.entries.push_back(HistoryEntry { action, addr, size, stream, time_us, stack });
+        self.entries.push_back(HistoryEntry {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+            stack,
+        });
     }
 
     /// The current time of the history clock.
     pub fn now_us(&self) -> i64 {
-        self.manual_time_us.unwrap_or_else(|| self.start.elapsed().as_micros() as i64)
+        self.manual_time_us
+            .unwrap_or_else(|| self.start.elapsed().as_micros() as i64)
     }
 
     /// Interns a stack and returns its index.
     pub fn intern(&mut self, frames: Vec<Frame>) -> u32 {
-        let key: Vec<_> = frames.iter().map(|f| (f.name.clone(), f.filename.clone(), f.line)).collect();
+        let key: Vec<_> = frames
+            .iter()
+            .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+            .collect();
         if let Some(&i) = self.stack_index.get(&key) {
             return i;
         }

@@ -36,12 +36,18 @@ pub fn check(e: &Engine) -> Result<(), String> {
         while let Some(id) = cur {
             let b = &e.blocks[id];
             if b.addr != end || b.prev != prev || b.segment != sid {
-                return Err(format!("segment {:#x}: block {:#x} breaks the tiling", seg.base, b.addr));
+                return Err(format!(
+                    "segment {:#x}: block {:#x} breaks the tiling",
+                    seg.base, b.addr
+                ));
             }
             if let Some(p) = prev {
                 let pb = &e.blocks[p];
                 if pb.is_free() && b.is_free() && pb.mapped == b.mapped {
-                    return Err(format!("free neighbours {:#x} and {:#x} are not merged", pb.addr, b.addr));
+                    return Err(format!(
+                        "free neighbours {:#x} and {:#x} are not merged",
+                        pb.addr, b.addr
+                    ));
                 }
             }
             if !b.mapped && !b.expandable {
@@ -53,7 +59,12 @@ pub fn check(e: &Engine) -> Result<(), String> {
             cur = b.next;
         }
         if end != seg.base + seg.size {
-            return Err(format!("segment {:#x}: blocks end at {:#x}, segment at {:#x}", seg.base, end, seg.base + seg.size));
+            return Err(format!(
+                "segment {:#x}: blocks end at {:#x}, segment at {:#x}",
+                seg.base,
+                end,
+                seg.base + seg.size
+            ));
         }
         let i = if e.pools[seg.pool.0 as usize].is_small { 1 } else { 2 };
         reserved[i] += seg.mapped_bytes() as i64;
@@ -84,14 +95,26 @@ pub fn check(e: &Engine) -> Result<(), String> {
     expect("allocation", &s.allocation, sum(&|_| 1, &alloc))?;
     expect("active_bytes", &s.active_bytes, sum(&|b| b.size as i64, &active))?;
     expect("active", &s.active, sum(&|_| 1, &active))?;
-    expect("requested_bytes", &s.requested_bytes, sum(&|b| b.requested as i64, &active))?;
+    expect(
+        "requested_bytes",
+        &s.requested_bytes,
+        sum(&|b| b.requested as i64, &active),
+    )?;
     expect("reserved_bytes", &s.reserved_bytes, reserved)?;
     expect("segment", &s.segment, segs)?;
     let split_free = |b: &crate::block::Block| b.is_free() && b.is_split() && !b.expandable;
     expect("inactive_split", &s.inactive_split, sum(&|_| 1, &split_free))?;
-    expect("inactive_split_bytes", &s.inactive_split_bytes, sum(&|b| b.size as i64, &split_free))?;
+    expect(
+        "inactive_split_bytes",
+        &s.inactive_split_bytes,
+        sum(&|b| b.size as i64, &split_free),
+    )?;
     if e.total_allocated_memory() as i64 != reserved[0] {
-        return Err(format!("total_allocated_memory {} != reserved {}", e.total_allocated_memory(), reserved[0]));
+        return Err(format!(
+            "total_allocated_memory {} != reserved {}",
+            e.total_allocated_memory(),
+            reserved[0]
+        ));
     }
     Ok(())
 }
@@ -99,7 +122,10 @@ pub fn check(e: &Engine) -> Result<(), String> {
 fn expect(name: &str, arr: &StatArray, want: [i64; 3]) -> Result<(), String> {
     for (i, pool) in ["all", "small_pool", "large_pool"].iter().enumerate() {
         if arr.0[i].current != want[i] {
-            return Err(format!("{name}.{pool}.current is {} but the blocks add up to {}", arr.0[i].current, want[i]));
+            return Err(format!(
+                "{name}.{pool}.current is {} but the blocks add up to {}",
+                arr.0[i].current, want[i]
+            ));
         }
     }
     Ok(())
@@ -125,7 +151,12 @@ fn check_pools(e: &Engine) -> Result<(), String> {
     }
     for (id, b) in e.blocks.iter() {
         if b.is_free() != in_sets.contains(&id) {
-            return Err(format!("block {:#x}: free={} but in a free set={}", b.addr, b.is_free(), in_sets.contains(&id)));
+            return Err(format!(
+                "block {:#x}: free={} but in a free set={}",
+                b.addr,
+                b.is_free(),
+                in_sets.contains(&id)
+            ));
         }
     }
     Ok(())
@@ -134,7 +165,11 @@ fn check_pools(e: &Engine) -> Result<(), String> {
 fn check_allocated(e: &Engine) -> Result<(), String> {
     let n = e.blocks.iter().filter(|(_, b)| b.allocated).count();
     if n != e.allocated.len() {
-        return Err(format!("{} allocated blocks but {} in the pointer map", n, e.allocated.len()));
+        return Err(format!(
+            "{} allocated blocks but {} in the pointer map",
+            n,
+            e.allocated.len()
+        ));
     }
     for (&addr, &id) in &e.allocated {
         if e.blocks[id].addr != addr || !e.blocks[id].allocated {

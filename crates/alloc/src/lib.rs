@@ -59,7 +59,9 @@ pub struct CachingAllocator {
 impl CachingAllocator {
     /// An allocator for `device` with the given configuration and policy.
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
-        CachingAllocator { engine: Mutex::new(Engine::new(device, config, policy)) }
+        CachingAllocator {
+            engine: Mutex::new(Engine::new(device, config, policy)),
+        }
     }
 
     /// An allocator for `device` with a policy named as on the command line (`pytorch`,
@@ -150,7 +152,11 @@ impl CachingAllocator {
         let mut e = self.lock();
         let mut cfg = e.config.clone();
         cfg.apply(settings).map_err(AllocError::Config)?;
-        e.stats.max_split_size = if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 };
+        e.stats.max_split_size = if cfg.max_split_size == u64::MAX {
+            -1
+        } else {
+            cfg.max_split_size as i64
+        };
         e.config = cfg;
         Ok(())
     }

@@ -64,7 +64,12 @@ impl Segment {
     /// of memory (nothing stays mapped by this call then).
     pub fn map(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<Option<(u64, u64)>, DeviceError> {
         let base = self.base;
-        let Backing::Expandable { page_size, map_chunk, mappings } = &mut self.backing else {
+        let Backing::Expandable {
+            page_size,
+            map_chunk,
+            mappings,
+        } = &mut self.backing
+        else {
             unreachable!("map on a malloc segment")
         };
         let ps = *page_size;
@@ -92,12 +97,22 @@ impl Segment {
     /// contiguous run, which is returned (size 0 if none).
     pub fn unmap(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<(u64, u64), DeviceError> {
         let stream = self.stream;
-        let Backing::Expandable { page_size, map_chunk, mappings } = &mut self.backing else {
+        let Backing::Expandable {
+            page_size,
+            map_chunk,
+            mappings,
+        } = &mut self.backing
+        else {
             unreachable!("unmap on a malloc segment")
         };
-        let inside: Vec<(u64, u64)> =
-            mappings.range(ptr..ptr + size).map(|(&a, &l)| (a, l)).take_while(|&(a, l)| a + l <= ptr + size).collect();
-        let Some(&(first, _)) = inside.first() else { return Ok((ptr, 0)) };
+        let inside: Vec<(u64, u64)> = mappings
+            .range(ptr..ptr + size)
+            .map(|(&a, &l)| (a, l))
+            .take_while(|&(a, l)| a + l <= ptr + size)
+            .collect();
+        let Some(&(first, _)) = inside.first() else {
+            return Ok((ptr, 0));
+        };
         let total: u64 = inside.iter().map(|m| m.1).sum();
         dev.synchronize_stream(stream)?;
         if *map_chunk > *page_size {
@@ -148,7 +163,10 @@ impl SegmentTable {
     }
     /// Live segments.
     pub fn iter(&self) -> impl Iterator<Item = (SegmentId, &Segment)> {
-        self.slots.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (SegmentId(i as u32), s)))
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (SegmentId(i as u32), s)))
     }
 }
 

@@ -34,7 +34,11 @@ impl Engine {
         let device = self.device.index();
         let mut segments = Vec::new();
         for (sid, seg) in self.segments.iter() {
-            let head = self.blocks.iter().find(|(_, b)| b.segment == sid && b.prev.is_none()).map(|(id, _)| id);
+            let head = self
+                .blocks
+                .iter()
+                .find(|(_, b)| b.segment == sid && b.prev.is_none())
+                .map(|(id, _)| id);
             let mut cur: Option<BlockId> = head;
             let mut open: Option<SegmentSnapshot> = None;
             while let Some(id) = cur {
@@ -48,7 +52,11 @@ impl Engine {
                     device,
                     address: b.addr,
                     stream: seg.stream.0,
-                    segment_type: if self.pools[seg.pool.0 as usize].is_small { SegmentType::Small } else { SegmentType::Large },
+                    segment_type: if self.pools[seg.pool.0 as usize].is_small {
+                        SegmentType::Small
+                    } else {
+                        SegmentType::Large
+                    },
                     pool_id: (0, 0),
                     is_expandable: seg.is_expandable(),
                     stack: seg.stack,
@@ -82,12 +90,23 @@ impl Engine {
             .history
             .entries
             .iter()
-            .map(|e| TraceEvent { action: e.action, addr: e.addr, size: e.size, stream: e.stream, time_us: e.time_us, stack: e.stack })
+            .map(|e| TraceEvent {
+                action: e.action,
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+                time_us: e.time_us,
+                stack: e.stack,
+            })
             .collect();
         let cfg = &self.config;
         let settings = AllocatorSettings {
             conf: cfg.settings.clone(),
-            max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 },
+            max_split_size: if cfg.max_split_size == u64::MAX {
+                -1
+            } else {
+                cfg.max_split_size as i64
+            },
             garbage_collection_threshold: cfg.garbage_collection_threshold,
             expandable_segments: cfg.expandable_segments,
             roundup_power2_divisions: (0..cfg.roundup_power2_divisions.len())
@@ -102,7 +121,12 @@ impl Engine {
             .history
             .annotations
             .iter()
-            .map(|(t, stage, name)| Annotation { device, stage: stage.clone(), name: name.clone(), time_us: *t })
+            .map(|(t, stage, name)| Annotation {
+                device,
+                stage: stage.clone(),
+                name: name.clone(),
+                time_us: *t,
+            })
             .collect();
         Trace {
             source: format!("cudamem snapshot of {}", self.device.name()),
@@ -118,7 +142,11 @@ impl Engine {
     /// bounds the ring (PyTorch keeps one entry unless recording is "all"); stopping clears it.
     pub fn record_memory_history(&mut self, enabled: bool, context: crate::history::RecordContext, max_entries: usize) {
         self.history.enabled = enabled;
-        self.history.context = if enabled { context } else { crate::history::RecordContext::Never };
+        self.history.context = if enabled {
+            context
+        } else {
+            crate::history::RecordContext::Never
+        };
         self.history.max_entries = max_entries.max(1);
         if !enabled {
             self.history.entries.clear();

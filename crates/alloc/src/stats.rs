@@ -161,7 +161,11 @@ impl DeviceStats {
             num_sync_all_streams: 0,
             num_device_alloc: 0,
             num_device_free: 0,
-            max_split_size: if max_split_size == u64::MAX { -1 } else { max_split_size as i64 },
+            max_split_size: if max_split_size == u64::MAX {
+                -1
+            } else {
+                max_split_size as i64
+            },
             oversize_allocations: Stat::default(),
             oversize_segments: Stat::default(),
         }

@@ -233,9 +233,7 @@ pub fn memory_summary(stats: &StatsDict, device: i32, abbreviated: bool) -> Stri
         get("num_alloc_retries")
     ));
     lines.push("=".repeat(WIDTH));
-    lines.push(
-        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
-    );
+    lines.push("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string());
 
     let metrics = SIZE_METRICS
         .iter()
@@ -314,13 +312,7 @@ pub fn format_count_cell(cnt: i64, pref_cnt: i64) -> String {
 /// float, which `f64` reproduces: an `i64` converted to `f64` and divided by
 /// a power of two, or by 1000, rounds exactly as Python's int/int and
 /// float/int division do.
-fn scale(
-    mut v: i64,
-    pref: i64,
-    step: i64,
-    threshold: i64,
-    prefixes: &[&'static str],
-) -> (i64, &'static str) {
+fn scale(mut v: i64, pref: i64, step: i64, threshold: i64, prefixes: &[&'static str]) -> (i64, &'static str) {
     let mut prefix = prefixes[0];
     // The first comparison is int vs int in Python.
     if pref < threshold {
@@ -394,10 +386,7 @@ mod tests {
         assert_eq!(format_size_cell(786_432, 786_432), "   768 KiB");
         // 768 MiB moves to MiB; one byte less stays in KiB.
         assert_eq!(format_size_cell(768 << 20, 768 << 20), "   768 MiB");
-        assert_eq!(
-            format_size_cell((768 << 20) - 1, (768 << 20) - 1),
-            "786431 KiB"
-        );
+        assert_eq!(format_size_cell((768 << 20) - 1, (768 << 20) - 1), "786431 KiB");
         // A pool row uses the unit of its `all` row, and truncates.
         assert_eq!(format_size_cell(1023, 3 << 30), "     0 MiB");
         assert_eq!(format_size_cell(5 << 20, 1 << 20), "  5120 KiB");
@@ -430,10 +419,7 @@ mod tests {
             assert_eq!(line.len(), WIDTH + 2, "{line:?}");
         }
         assert_eq!(text.lines().count(), 47);
-        assert_eq!(
-            memory_summary(&StatsDict::new(), 0, true).lines().count(),
-            29
-        );
+        assert_eq!(memory_summary(&StatsDict::new(), 0, true).lines().count(), 29);
     }
 
     #[test]

@@ -18,7 +18,13 @@ fn alloc(policy: &str) -> CachingAllocator {
 fn history_records_every_event_with_stacks_and_snapshot_shows_states() {
     let a = alloc("pytorch");
     a.record_memory_history(true, RecordContext::All, 100_000);
-    let f = |line| vec![Frame { name: "train".into(), filename: "model.py".into(), line }];
+    let f = |line| {
+        vec![Frame {
+            name: "train".into(),
+            filename: "model.py".into(),
+            line,
+        }]
+    };
     let x = a.malloc_with_stack(3 << 20, StreamId(0), f(10)).unwrap();
     let y = a.malloc_with_stack(100, StreamId(0), f(11)).unwrap();
     a.free(x).unwrap();
@@ -39,7 +45,11 @@ fn history_records_every_event_with_stacks_and_snapshot_shows_states() {
         ]
     );
     let alloc_ev = snap.devices[0].events[1];
-    assert_eq!((alloc_ev.addr, alloc_ev.size), (x, 3 << 20), "alloc entries carry the requested size");
+    assert_eq!(
+        (alloc_ev.addr, alloc_ev.size),
+        (x, 3 << 20),
+        "alloc entries carry the requested size"
+    );
     let stack = &snap.stacks[alloc_ev.stack.unwrap() as usize];
     assert_eq!(stack.frames[0].line, 10);
     assert_eq!(snap.segments.len(), 2);
@@ -78,8 +88,15 @@ fn expandable_segments_appear_as_mapped_ranges_and_pending_blocks_as_pending() {
     a.free(p).unwrap();
     let snap = a.snapshot();
     assert!(snap.segments.iter().all(|s| s.is_expandable));
-    let states: Vec<BlockState> = snap.segments.iter().flat_map(|s| s.blocks.iter().map(|b| b.state)).collect();
-    assert!(states.contains(&BlockState::ActivePendingFree), "freed but its event not yet processed: {states:?}");
+    let states: Vec<BlockState> = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(|b| b.state))
+        .collect();
+    assert!(
+        states.contains(&BlockState::ActivePendingFree),
+        "freed but its event not yet processed: {states:?}"
+    );
     assert!(snap.devices[0].events.iter().any(|e| e.action == Action::SegmentMap));
     let _ = q;
 }

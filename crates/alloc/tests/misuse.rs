@@ -21,7 +21,12 @@ const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
 
 fn device(index: i32) -> Arc<SimDevice> {
-    Arc::new(SimDevice::new(SimConfig { index, capacity: CAPACITY, event_mode: EventMode::Manual, ..SimConfig::default() }))
+    Arc::new(SimDevice::new(SimConfig {
+        index,
+        capacity: CAPACITY,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }))
 }
 
 fn allocator(sim: &Arc<SimDevice>, policy: &str) -> CachingAllocator {
@@ -41,11 +46,16 @@ fn assert_usable(a: &CachingAllocator, sim: &SimDevice, what: &str) {
     a.check_invariants().unwrap_or_else(|e| panic!("{what}: {e}"));
     sim.check().unwrap_or_else(|e| panic!("{what}: device: {e}"));
     assert_eq!(a.memory_reserved(), sim.used(), "{what}: reserved vs device used");
-    let p = a.malloc(4096, S0).unwrap_or_else(|e| panic!("{what}: small allocation afterwards: {e}"));
-    let q = a.malloc(3 * MIB, S0).unwrap_or_else(|e| panic!("{what}: large allocation afterwards: {e}"));
+    let p = a
+        .malloc(4096, S0)
+        .unwrap_or_else(|e| panic!("{what}: small allocation afterwards: {e}"));
+    let q = a
+        .malloc(3 * MIB, S0)
+        .unwrap_or_else(|e| panic!("{what}: large allocation afterwards: {e}"));
     a.free(q).unwrap();
     a.free(p).unwrap();
-    a.check_invariants().unwrap_or_else(|e| panic!("{what}: after the extra allocations: {e}"));
+    a.check_invariants()
+        .unwrap_or_else(|e| panic!("{what}: after the extra allocations: {e}"));
 }
 
 /// A rejected call: the stats are exactly as before it, and the allocator still works.
@@ -127,9 +137,16 @@ fn free_of_a_foreign_pointer_is_rejected() {
         for ptr in [0xdead_beef_0000, 1, u64::MAX, other] {
             let (got, reason) = invalid_pointer(a.free(ptr));
             assert_eq!(got, ptr);
-            assert_eq!(reason, "not allocated by this allocator (device sim)", "{policy}: {ptr:#x}");
+            assert_eq!(
+                reason, "not allocated by this allocator (device sim)",
+                "{policy}: {ptr:#x}"
+            );
         }
-        assert_eq!(sim.used(), a.memory_reserved() + 2 * MIB, "{policy}: the foreign segment is untouched");
+        assert_eq!(
+            sim.used(),
+            a.memory_reserved() + 2 * MIB,
+            "{policy}: the foreign segment is untouched"
+        );
         sim.free(other, 2 * MIB).unwrap();
         assert_intact(&a, &sim, &before, policy);
         drain(&a, &sim, &[keep]);
@@ -157,7 +174,9 @@ fn free_of_an_interior_pointer_is_rejected() {
             assert_eq!(ptr, p + off);
             assert_eq!(
                 reason,
-                format!("inside the allocated block at {p:#x} (+{off} bytes); only the start of an allocation can be freed"),
+                format!(
+                    "inside the allocated block at {p:#x} (+{off} bytes); only the start of an allocation can be freed"
+                ),
                 "{policy}"
             );
         }
@@ -182,7 +201,11 @@ fn free_on_the_wrong_device_is_rejected() {
         let p0 = a0.malloc(4096, S0).unwrap();
         let before1 = a1.memory_stats();
         let (ptr, reason) = invalid_pointer(a1.free(p0));
-        assert_eq!((ptr, reason.as_str()), (p0, "not allocated by this allocator (device sim)"), "{policy}");
+        assert_eq!(
+            (ptr, reason.as_str()),
+            (p0, "not allocated by this allocator (device sim)"),
+            "{policy}"
+        );
         assert_intact(&a1, &sim1, &before1, policy);
         // Device 0's allocation is still live and frees normally.
         assert_eq!(a0.memory_allocated(), 4096);
@@ -224,8 +247,16 @@ fn record_stream_on_a_freed_block_is_rejected() {
         a.free(p).unwrap();
         let before = a.memory_stats();
         let events = sim.counters().events_recorded;
-        assert_eq!(invalid_pointer(a.record_stream(p, S1)), (p, FREED.to_string()), "{policy}");
-        assert_eq!(sim.counters().events_recorded, events, "{policy}: no event for the rejected record_stream");
+        assert_eq!(
+            invalid_pointer(a.record_stream(p, S1)),
+            (p, FREED.to_string()),
+            "{policy}"
+        );
+        assert_eq!(
+            sim.counters().events_recorded,
+            events,
+            "{policy}: no event for the rejected record_stream"
+        );
         assert_intact(&a, &sim, &before, policy);
         // Freeing the other block needs no event either: nothing was attached to stream 1.
         a.free(keep).unwrap();
@@ -281,7 +312,18 @@ fn record_stream_on_another_stream_defers_reuse_until_that_stream_completes() {
 fn empty_cache_keeps_live_blocks_intact() {
     for policy in POLICIES {
         let (sim, a) = setup(policy);
-        let sizes = [4096u64, 700, 4096, 3 * MIB, 5 * MIB, 3 * MIB, 30 * MIB, 12 * MIB, 30 * MIB, MIB];
+        let sizes = [
+            4096u64,
+            700,
+            4096,
+            3 * MIB,
+            5 * MIB,
+            3 * MIB,
+            30 * MIB,
+            12 * MIB,
+            30 * MIB,
+            MIB,
+        ];
         let ptrs: Vec<u64> = sizes.iter().map(|&s| a.malloc(s, S0).unwrap()).collect();
         // Free every other one: segments are partly free, some wholly.
         let (live, dead): (Vec<_>, Vec<_>) = ptrs.iter().zip(sizes).enumerate().partition(|(i, _)| i % 2 == 0);
@@ -293,9 +335,17 @@ fn empty_cache_keeps_live_blocks_intact() {
         let stats_before = a.stats();
         a.empty_cache().unwrap();
         let stats = a.stats();
-        assert_eq!(a.memory_allocated(), allocated, "{policy}: empty_cache changed allocated bytes");
+        assert_eq!(
+            a.memory_allocated(),
+            allocated,
+            "{policy}: empty_cache changed allocated bytes"
+        );
         assert_eq!(stats.allocation, stats_before.allocation, "{policy}");
-        assert_eq!(stats.requested_bytes.all().current, stats_before.requested_bytes.all().current, "{policy}");
+        assert_eq!(
+            stats.requested_bytes.all().current,
+            stats_before.requested_bytes.all().current,
+            "{policy}"
+        );
         assert!(a.memory_reserved() >= allocated, "{policy}");
         a.check_invariants().unwrap();
         sim.check().unwrap();
@@ -314,13 +364,20 @@ fn empty_cache_keeps_live_blocks_intact() {
             assert_eq!(b.requested_size, s, "{policy}");
         }
         for seg in &snap.segments {
-            assert!(seg.allocated_size > 0, "{policy}: a free segment at {:#x} survived empty_cache", seg.address);
+            assert!(
+                seg.allocated_size > 0,
+                "{policy}: a free segment at {:#x} survived empty_cache",
+                seg.address
+            );
         }
         // New allocations never overlap the live ones.
         let fresh: Vec<u64> = sizes.iter().map(|&s| a.malloc(s, S0).unwrap()).collect();
         for (&q, &qs) in fresh.iter().zip(&sizes) {
             for &(p, s) in &live {
-                assert!(q + qs <= p || p + s <= q, "{policy}: new block {q:#x} overlaps live {p:#x}");
+                assert!(
+                    q + qs <= p || p + s <= q,
+                    "{policy}: new block {q:#x} overlaps live {p:#x}"
+                );
             }
         }
         // The live pointers are still valid: they free without error.
@@ -382,13 +439,19 @@ fn sizes_at_every_boundary_are_served_with_pytorchs_rounding() {
     for policy in POLICIES {
         for (size, rounded) in OK_SIZES.into_iter().chain([(CAPACITY, CAPACITY)]) {
             let (sim, a) = setup(policy);
-            let p = a.malloc(size, S0).unwrap_or_else(|e| panic!("{policy}: malloc({size}): {e}"));
+            let p = a
+                .malloc(size, S0)
+                .unwrap_or_else(|e| panic!("{policy}: malloc({size}): {e}"));
             assert_ne!(p, 0);
             assert_eq!(p % 512, 0);
             assert_eq!(a.memory_allocated(), rounded, "{policy}: malloc({size})");
             let st = a.stats();
             let small = st.allocated_bytes.small_pool().current as u64;
-            assert_eq!(small, if rounded <= MIB { rounded } else { 0 }, "{policy}: malloc({size}): pool");
+            assert_eq!(
+                small,
+                if rounded <= MIB { rounded } else { 0 },
+                "{policy}: malloc({size}): pool"
+            );
             assert_eq!(st.requested_bytes.all().current as u64, size);
             a.check_invariants().unwrap();
             assert_eq!(a.memory_reserved(), sim.used());
@@ -402,7 +465,15 @@ fn segment_sizes_follow_pytorch_for_the_native_policy() {
     // (size, segment bytes) under `pytorch`: 2 MiB for small requests, 20 MiB when the
     // *rounded* size is below 10 MiB (so 10 MiB - 1, rounded to 10 MiB, gets its own 10 MiB
     // segment, as in PyTorch's get_allocation_size), else the rounded size up to 2 MiB.
-    let cases = [(1, 2 * MIB), (MIB, 2 * MIB), (MIB + 1, 20 * MIB), (10 * MIB - 1, 10 * MIB), (10 * MIB, 10 * MIB), (10 * MIB + 1, 12 * MIB), (CAPACITY - 1, CAPACITY)];
+    let cases = [
+        (1, 2 * MIB),
+        (MIB, 2 * MIB),
+        (MIB + 1, 20 * MIB),
+        (10 * MIB - 1, 10 * MIB),
+        (10 * MIB, 10 * MIB),
+        (10 * MIB + 1, 12 * MIB),
+        (CAPACITY - 1, CAPACITY),
+    ];
     for (size, seg) in cases {
         let (sim, a) = setup("pytorch");
         let p = a.malloc(size, S0).unwrap();
@@ -454,7 +525,11 @@ fn just_below_one_exabyte_is_an_ordinary_out_of_memory() {
         let o = oom(a.malloc((1 << 60) - 1, S0));
         assert!(!o.over_one_exabyte);
         assert_eq!(o.tried, 1 << 60, "{policy}");
-        assert!(o.pytorch_message().starts_with("CUDA out of memory. Tried to allocate 1073741824.00 GiB. GPU 0"), "{policy}");
+        assert!(
+            o.pytorch_message()
+                .starts_with("CUDA out of memory. Tried to allocate 1073741824.00 GiB. GPU 0"),
+            "{policy}"
+        );
         assert_eq!(a.memory_stats()["num_ooms"], 1);
         assert_usable(&a, &sim, policy);
     }
@@ -469,13 +544,20 @@ fn one_exabyte_and_more_is_refused_without_trying() {
             let o = oom(a.malloc(size, S0));
             assert!(o.over_one_exabyte, "{policy}: {size}");
             assert_eq!(o.requested, size);
-            assert_eq!(o.pytorch_message(), "CUDA out of memory. Tried to allocate more than 1EB memory.");
+            assert_eq!(
+                o.pytorch_message(),
+                "CUDA out of memory. Tried to allocate more than 1EB memory."
+            );
             assert_eq!(
                 AllocError::OutOfMemory(o).to_string(),
                 "CUDA out of memory. Tried to allocate more than 1EB memory."
             );
         }
-        assert_eq!(sim.counters().mallocs + sim.counters().maps, 0, "{policy}: no device call was made");
+        assert_eq!(
+            sim.counters().mallocs + sim.counters().maps,
+            0,
+            "{policy}: no device call was made"
+        );
         assert_intact(&a, &sim, &before, policy);
     }
 }
@@ -486,15 +568,31 @@ fn one_exabyte_and_more_is_refused_without_trying() {
 
 /// `(settings, key, message)`: each rejected by `parse` and by `set_settings`, naming the key.
 const BAD_CONFIGS: &[(&str, &str, &str)] = &[
-    ("max_split_size_mb:abc", "max_split_size_mb", "max_split_size_mb: expected a non-negative integer, got 'abc'"),
-    ("max_split_size_mb:-1", "max_split_size_mb", "max_split_size_mb: expected a non-negative integer, got '-1'"),
-    ("max_split_size_mb:5", "max_split_size_mb", "max_split_size_mb: '5' is below the minimum of 20 MiB"),
+    (
+        "max_split_size_mb:abc",
+        "max_split_size_mb",
+        "max_split_size_mb: expected a non-negative integer, got 'abc'",
+    ),
+    (
+        "max_split_size_mb:-1",
+        "max_split_size_mb",
+        "max_split_size_mb: expected a non-negative integer, got '-1'",
+    ),
+    (
+        "max_split_size_mb:5",
+        "max_split_size_mb",
+        "max_split_size_mb: '5' is below the minimum of 20 MiB",
+    ),
     (
         "max_split_size_mb:99999999999999999999",
         "max_split_size_mb",
         "max_split_size_mb: '99999999999999999999' is too large (the maximum is 18446744073709551615)",
     ),
-    ("max_non_split_rounding_mb:1", "max_non_split_rounding_mb", "max_non_split_rounding_mb: '1' is below the minimum of 20 MiB"),
+    (
+        "max_non_split_rounding_mb:1",
+        "max_non_split_rounding_mb",
+        "max_non_split_rounding_mb: '1' is below the minimum of 20 MiB",
+    ),
     (
         "garbage_collection_threshold:1.5",
         "garbage_collection_threshold",
@@ -505,8 +603,16 @@ const BAD_CONFIGS: &[(&str, &str, &str)] = &[
         "garbage_collection_threshold",
         "garbage_collection_threshold: 'nan' must be greater than 0.0 and less than 1.0",
     ),
-    ("garbage_collection_threshold:x", "garbage_collection_threshold", "garbage_collection_threshold: expected a number, got 'x'"),
-    ("roundup_power2_divisions:3", "roundup_power2_divisions", "roundup_power2_divisions: '3' must be a power of two"),
+    (
+        "garbage_collection_threshold:x",
+        "garbage_collection_threshold",
+        "garbage_collection_threshold: expected a number, got 'x'",
+    ),
+    (
+        "roundup_power2_divisions:3",
+        "roundup_power2_divisions",
+        "roundup_power2_divisions: '3' must be a power of two",
+    ),
     (
         "roundup_power2_divisions:[3:4]",
         "roundup_power2_divisions",
@@ -517,10 +623,26 @@ const BAD_CONFIGS: &[(&str, &str, &str)] = &[
         "roundup_power2_divisions",
         "roundup_power2_divisions: divisions '3' for interval '1' must be a power of two or 0",
     ),
-    ("expandable_segments:yes", "expandable_segments", "expandable_segments: expected True or False, got 'yes'"),
-    ("expandable_segments:true", "expandable_segments", "expandable_segments: expected True or False, got 'true'"),
-    ("release_lock_on_cudamalloc:1", "release_lock_on_cudamalloc", "release_lock_on_cudamalloc: expected True or False, got '1'"),
-    ("pinned_num_register_threads:3", "pinned_num_register_threads", "pinned_num_register_threads: '3' must be a power of two"),
+    (
+        "expandable_segments:yes",
+        "expandable_segments",
+        "expandable_segments: expected True or False, got 'yes'",
+    ),
+    (
+        "expandable_segments:true",
+        "expandable_segments",
+        "expandable_segments: expected True or False, got 'true'",
+    ),
+    (
+        "release_lock_on_cudamalloc:1",
+        "release_lock_on_cudamalloc",
+        "release_lock_on_cudamalloc: expected True or False, got '1'",
+    ),
+    (
+        "pinned_num_register_threads:3",
+        "pinned_num_register_threads",
+        "pinned_num_register_threads: '3' must be a power of two",
+    ),
     (
         "pinned_num_register_threads:256",
         "pinned_num_register_threads",
@@ -531,14 +653,26 @@ const BAD_CONFIGS: &[(&str, &str, &str)] = &[
         "pinned_reserve_segment_size_mb",
         "pinned_reserve_segment_size_mb: '0' must be greater than 0",
     ),
-    ("large_segment_size_mb:10", "large_segment_size_mb", "large_segment_size_mb: '10' must be greater than 10 MiB"),
+    (
+        "large_segment_size_mb:10",
+        "large_segment_size_mb",
+        "large_segment_size_mb: '10' must be greater than 10 MiB",
+    ),
     (
         "per_process_memory_fraction:1.5",
         "per_process_memory_fraction",
         "per_process_memory_fraction: '1.5' must be between 0.0 and 1.0",
     ),
-    ("backend:foo", "backend", "backend: unknown backend 'foo', expected native or cudaMallocAsync"),
-    ("bogus_key:1", "bogus_key", "unrecognized key 'bogus_key' in allocator config 'bogus_key:1'"),
+    (
+        "backend:foo",
+        "backend",
+        "backend: unknown backend 'foo', expected native or cudaMallocAsync",
+    ),
+    (
+        "bogus_key:1",
+        "bogus_key",
+        "unrecognized key 'bogus_key' in allocator config 'bogus_key:1'",
+    ),
     (
         "expandable_segments:True,max_split_size_mb:1",
         "max_split_size_mb",
@@ -560,7 +694,8 @@ fn bad_configs_are_rejected_naming_the_key() {
 fn bad_configs_at_runtime_change_nothing() {
     for policy in POLICIES {
         let (sim, a) = setup(policy);
-        a.set_settings("max_split_size_mb:64,garbage_collection_threshold:0.5").unwrap();
+        a.set_settings("max_split_size_mb:64,garbage_collection_threshold:0.5")
+            .unwrap();
         let live = a.malloc(3 * MIB, S0).unwrap();
         for &(s, key, msg) in BAD_CONFIGS.iter().chain(&[(
             "backend:cudaMallocAsync",
@@ -605,11 +740,21 @@ fn invalid_memory_fractions_are_rejected_and_keep_the_limit() {
     for policy in POLICIES {
         let (sim, a) = setup(policy);
         a.set_memory_fraction(0.5).unwrap();
-        for (f, text) in [(-0.1, "-0.1"), (1.1, "1.1"), (f64::NAN, "NaN"), (f64::INFINITY, "inf"), (-0.0001, "-0.0001")] {
+        for (f, text) in [
+            (-0.1, "-0.1"),
+            (1.1, "1.1"),
+            (f64::NAN, "NaN"),
+            (f64::INFINITY, "inf"),
+            (-0.0001, "-0.0001"),
+        ] {
             let before = a.memory_stats();
             match a.set_memory_fraction(f) {
                 Err(AllocError::InvalidArgument(m)) => {
-                    assert_eq!(m, format!("invalid memory fraction {text}: set it within [0, 1]"), "{policy}")
+                    assert_eq!(
+                        m,
+                        format!("invalid memory fraction {text}: set it within [0, 1]"),
+                        "{policy}"
+                    )
                 }
                 other => panic!("{policy}: fraction {f}: expected InvalidArgument, got {other:?}"),
             }
@@ -631,7 +776,9 @@ fn memory_fraction_zero_allows_no_new_device_memory() {
         for size in [1u64, 512, MIB, 30 * MIB] {
             let o = oom(a.malloc(size, S0));
             assert_eq!(o.allowed, Some(0), "{policy}");
-            assert!(o.pytorch_message().contains("this process has 0 bytes memory in use. 0 bytes allowed; Of the allocated"));
+            assert!(o
+                .pytorch_message()
+                .contains("this process has 0 bytes memory in use. 0 bytes allowed; Of the allocated"));
         }
         assert_eq!(a.malloc(0, S0).unwrap(), 0, "size 0 needs no memory");
         assert_eq!(sim.used(), 0);
@@ -677,7 +824,11 @@ fn memory_fraction_one_allows_the_whole_device() {
 
 /// A small device, Manual events.
 fn small(capacity: u64, policy: &str, settings: &str) -> (Arc<SimDevice>, CachingAllocator) {
-    let sim = Arc::new(SimDevice::new(SimConfig { capacity, event_mode: EventMode::Manual, ..SimConfig::default() }));
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }));
     let dev: Arc<dyn Device> = sim.clone();
     let a = CachingAllocator::with_policy(dev, AllocatorConfig::parse(settings).unwrap(), policy).unwrap();
     (sim, a)
@@ -851,7 +1002,11 @@ fn empty_cache_releases_expandable_segments_that_were_never_mapped() {
     use cudamem_device::sim::{FaultOp, FaultPlan};
     for policy in ["pytorch-expandable", "cudamem"] {
         let sim = device(0);
-        let dev = Arc::new(Reservations { sim: sim.clone(), made: Default::default(), released: Default::default() });
+        let dev = Arc::new(Reservations {
+            sim: sim.clone(),
+            made: Default::default(),
+            released: Default::default(),
+        });
         let a = CachingAllocator::with_policy(dev.clone(), AllocatorConfig::default(), policy).unwrap();
         // The first map and the map of the retry fail: the allocation is out of memory.
         sim.set_faults(FaultPlan::default().fail_nth(FaultOp::Map, 1).fail_nth(FaultOp::Map, 2));
@@ -860,7 +1015,11 @@ fn empty_cache_releases_expandable_segments_that_were_never_mapped() {
         a.empty_cache().unwrap();
         a.check_invariants().unwrap();
         assert_eq!((a.memory_reserved(), sim.used()), (0, 0), "{policy}");
-        assert_eq!(dev.outstanding(), 0, "{policy}: address-space reservations left after empty_cache");
+        assert_eq!(
+            dev.outstanding(),
+            0,
+            "{policy}: address-space reservations left after empty_cache"
+        );
     }
 }
 
@@ -873,7 +1032,10 @@ fn empty_cache_releases_expandable_segments_that_were_never_mapped() {
 #[test]
 fn expandable_segments_on_many_streams_fit_the_simulated_address_space() {
     for policy in ["pytorch-expandable", "cudamem"] {
-        let sim = Arc::new(SimDevice::new(SimConfig { event_mode: EventMode::Manual, ..SimConfig::default() }));
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        }));
         let a = allocator(&sim, policy);
         let mut live = Vec::new();
         for s in 0..64u64 {

@@ -49,15 +49,28 @@ const CONFIGS: &[(&str, &str)] = &[
     ("cudamem-compact", ""),
 ];
 
-fn run(steps: &[Step], (policy, cfg): (&str, &str), capacity: u64, fault_seed: Option<u64>) -> Result<(), TestCaseError> {
-    let sim = Arc::new(SimDevice::new(SimConfig { capacity, event_mode: EventMode::Manual, ..SimConfig::default() }));
+fn run(
+    steps: &[Step],
+    (policy, cfg): (&str, &str),
+    capacity: u64,
+    fault_seed: Option<u64>,
+) -> Result<(), TestCaseError> {
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }));
     let dev: Arc<dyn Device> = sim.clone();
     let a = CachingAllocator::with_policy(dev, AllocatorConfig::parse(cfg).unwrap(), policy).unwrap();
     if cfg.contains("garbage") {
         a.set_memory_fraction(0.8).unwrap();
     }
     if let Some(seed) = fault_seed {
-        sim.set_faults(FaultPlan::default().fail_fraction(&[FaultOp::Malloc, FaultOp::Map, FaultOp::QueryEvent], 0.2, seed));
+        sim.set_faults(FaultPlan::default().fail_fraction(
+            &[FaultOp::Malloc, FaultOp::Map, FaultOp::QueryEvent],
+            0.2,
+            seed,
+        ));
     }
     let mut live: Vec<(u64, u64)> = Vec::new();
     for s in steps {
@@ -76,7 +89,8 @@ fn run(steps: &[Step], (policy, cfg): (&str, &str), capacity: u64, fault_seed: O
                 a.free(p).unwrap();
             }
             Step::RecordStream { pick, stream } if !live.is_empty() => {
-                a.record_stream(live[pick % live.len()].0, StreamId(stream as u64)).unwrap();
+                a.record_stream(live[pick % live.len()].0, StreamId(stream as u64))
+                    .unwrap();
             }
             Step::CompleteStream { stream } => sim.complete_stream(StreamId(stream as u64)),
             Step::EmptyCache => a.empty_cache().unwrap(),

@@ -12,7 +12,11 @@ const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
 
 fn setup_with(cfg: &str, capacity: u64, mode: EventMode) -> (Arc<SimDevice>, CachingAllocator) {
-    let sim = Arc::new(SimDevice::new(SimConfig { capacity, event_mode: mode, ..SimConfig::default() }));
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity,
+        event_mode: mode,
+        ..SimConfig::default()
+    }));
     let dev: Arc<dyn Device> = sim.clone();
     let a = CachingAllocator::with_policy(dev, AllocatorConfig::parse(cfg).unwrap(), "pytorch").unwrap();
     (sim, a)
@@ -47,7 +51,11 @@ fn one_mib_is_small_and_one_byte_more_is_large() {
     a.malloc(MIB + 1, S0).unwrap();
     let s = a.stats();
     assert_eq!(s.reserved_bytes.small_pool().current, 2 * MIB as i64);
-    assert_eq!(s.reserved_bytes.large_pool().current, 20 * MIB as i64, "1-10 MiB gets a 20 MiB segment");
+    assert_eq!(
+        s.reserved_bytes.large_pool().current,
+        20 * MIB as i64,
+        "1-10 MiB gets a 20 MiB segment"
+    );
     checked(&a);
 }
 
@@ -96,7 +104,11 @@ fn blocks_are_reused_only_on_their_own_stream() {
     a.free(p).unwrap();
     let q = a.malloc(MIB, S1).unwrap();
     assert_ne!(p, q);
-    assert_eq!(sim.counters().mallocs, 2, "stream 1 cannot take stream 0's cached block");
+    assert_eq!(
+        sim.counters().mallocs,
+        2,
+        "stream 1 cannot take stream 0's cached block"
+    );
     checked(&a);
 }
 
@@ -105,13 +117,25 @@ fn small_blocks_split_when_512_bytes_remain() {
     let (_, a) = setup("");
     let p = a.malloc(MIB, S0).unwrap();
     let s = a.stats();
-    assert_eq!(s.inactive_split.small_pool().current, 1, "the other 1 MiB stays as a split free block");
+    assert_eq!(
+        s.inactive_split.small_pool().current,
+        1,
+        "the other 1 MiB stays as a split free block"
+    );
     assert_eq!(s.inactive_split_bytes.small_pool().current, MIB as i64);
     let q = a.malloc(MIB - 512, S0).unwrap();
-    assert_eq!(a.stats().inactive_split.small_pool().current, 1, "512 bytes remain: still split");
+    assert_eq!(
+        a.stats().inactive_split.small_pool().current,
+        1,
+        "512 bytes remain: still split"
+    );
     a.free(q).unwrap();
     a.free(p).unwrap();
-    assert_eq!(a.stats().inactive_split.all().current, 0, "freeing merges the parts back");
+    assert_eq!(
+        a.stats().inactive_split.all().current,
+        0,
+        "freeing merges the parts back"
+    );
     checked(&a);
 }
 
@@ -150,7 +174,11 @@ fn oversize_blocks_serve_only_requests_within_max_non_split_rounding() {
     assert_eq!(sim.counters().mallocs, 2);
     // An oversize request takes it only if it wastes less than 20 MiB.
     a.malloc(70 * MIB, S0).unwrap();
-    assert_eq!(sim.counters().mallocs, 3, "100 MiB block wastes 30 MiB for 70 MiB: refused");
+    assert_eq!(
+        sim.counters().mallocs,
+        3,
+        "100 MiB block wastes 30 MiB for 70 MiB: refused"
+    );
     let p = a.malloc(90 * MIB, S0).unwrap();
     assert_eq!(p, big, "wastes 10 MiB: accepted, unsplit");
     assert_eq!(a.stats().oversize_allocations.current, 2);
@@ -164,13 +192,21 @@ fn record_stream_delays_reuse_until_the_other_stream_finishes() {
     a.record_stream(p, S1).unwrap();
     a.free(p).unwrap();
     assert_eq!(a.memory_allocated(), 0, "allocated drops at once");
-    assert_eq!(a.stats().active_bytes.all().current, MIB as i64, "but the block stays active");
+    assert_eq!(
+        a.stats().active_bytes.all().current,
+        MIB as i64,
+        "but the block stays active"
+    );
     let q = a.malloc(MIB, S0).unwrap();
     assert_eq!(q, p + MIB, "the pending block is skipped; its free neighbour serves");
     a.malloc(MIB, S0).unwrap();
     assert_eq!(sim.counters().mallocs, 2, "still pending: a new segment was needed");
     sim.complete_stream(S1);
-    assert_eq!(a.malloc(MIB, S0).unwrap(), p, "after the event completes the block is reused");
+    assert_eq!(
+        a.malloc(MIB, S0).unwrap(),
+        p,
+        "after the event completes the block is reused"
+    );
     checked(&a);
 }
 
@@ -200,7 +236,9 @@ fn out_of_memory_releases_the_cache_retries_then_fails_with_pytorchs_message() {
     assert_eq!(a.stats().num_alloc_retries, 1);
     assert_eq!(a.stats().num_device_free, 1);
     let err = a.malloc(40 * MIB, S0).unwrap_err();
-    let AllocError::OutOfMemory(o) = &err else { panic!("{err}") };
+    let AllocError::OutOfMemory(o) = &err else {
+        panic!("{err}")
+    };
     assert_eq!(o.tried, 40 * MIB);
     assert_eq!(a.stats().num_ooms, 1);
     let msg = o.pytorch_message();
@@ -216,10 +254,15 @@ fn out_of_memory_releases_the_cache_retries_then_fails_with_pytorchs_message() {
 fn a_small_request_reports_its_2mib_segment_and_1eb_is_refused_outright() {
     let (_, a) = setup_with("", 100 * MIB, EventMode::Immediate);
     a.malloc(99 * MIB, S0).unwrap();
-    let AllocError::OutOfMemory(o) = a.malloc(10, S0).unwrap_err() else { panic!() };
+    let AllocError::OutOfMemory(o) = a.malloc(10, S0).unwrap_err() else {
+        panic!()
+    };
     assert!(o.pytorch_message().contains("Tried to allocate 2.00 MiB"));
     let e = a.malloc(1 << 60, S0).unwrap_err();
-    assert_eq!(e.to_string(), "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    assert_eq!(
+        e.to_string(),
+        "CUDA out of memory. Tried to allocate more than 1EB memory."
+    );
     let e = a.malloc(u64::MAX, S0).unwrap_err();
     assert!(e.is_out_of_memory());
     checked(&a);
@@ -235,7 +278,11 @@ fn max_split_size_frees_just_enough_oversize_blocks_before_the_full_release() {
     // 35 MiB: the cached 60 MiB block would waste 25 MiB (> max_non_split_rounding), and
     // 90 + 36 MiB exceed the device, so the smallest oversize block covering 35 MiB is released.
     a.malloc(35 * MIB, S0).unwrap();
-    assert_eq!(a.stats().num_alloc_retries, 0, "release_available_cached_blocks sufficed");
+    assert_eq!(
+        a.stats().num_alloc_retries,
+        0,
+        "release_available_cached_blocks sufficed"
+    );
     assert_eq!(sim.counters().frees, 1, "only the 60 MiB block went");
     // 45 MiB: no single cached block covers it; the 30 MiB one is released but that is not
     // enough by that rule, so the full release and retry follows (and succeeds).
@@ -250,9 +297,13 @@ fn memory_fraction_limits_reserved_memory_and_is_reported() {
     let (_, a) = setup_with("", 1000 * MIB, EventMode::Immediate);
     a.set_memory_fraction(0.1).unwrap();
     a.malloc(60 * MIB, S0).unwrap();
-    let AllocError::OutOfMemory(o) = a.malloc(60 * MIB, S0).unwrap_err() else { panic!() };
+    let AllocError::OutOfMemory(o) = a.malloc(60 * MIB, S0).unwrap_err() else {
+        panic!()
+    };
     assert_eq!(o.allowed, Some(100 * MIB));
-    assert!(o.pytorch_message().contains("100.00 MiB allowed; Of the allocated memory"));
+    assert!(o
+        .pytorch_message()
+        .contains("100.00 MiB allowed; Of the allocated memory"));
     assert!(a.set_memory_fraction(1.5).is_err());
     assert!(a.set_memory_fraction(f64::NAN).is_err());
     checked(&a);
@@ -280,11 +331,19 @@ fn expandable_segments_map_pages_and_unmap_free_pages_on_empty_cache() {
     let q = a.malloc(30 * MIB, S0).unwrap();
     assert_eq!(q, p + 30 * MIB, "blocks are packed back to back in one segment");
     assert_eq!(a.memory_reserved(), 60 * MIB, "three 20 MiB pages");
-    assert_eq!(a.stats().segment.all().current, 0, "mappings are not counted as segments");
+    assert_eq!(
+        a.stats().segment.all().current,
+        0,
+        "mappings are not counted as segments"
+    );
     assert_eq!(a.stats().num_device_alloc, 2);
     a.free(q).unwrap();
     a.empty_cache().unwrap();
-    assert_eq!(a.memory_reserved(), 40 * MIB, "the free page beyond p is unmapped; p's pages stay");
+    assert_eq!(
+        a.memory_reserved(),
+        40 * MIB,
+        "the free page beyond p is unmapped; p's pages stay"
+    );
     assert_eq!(a.stats().num_device_free, 1);
     a.free(p).unwrap();
     a.empty_cache().unwrap();
@@ -324,7 +383,11 @@ fn injected_device_failures_take_the_retry_path_and_leak_nothing() {
     sim.set_faults(FaultPlan::default().fail_nth(FaultOp::Malloc, 1));
     let p = a.malloc(MIB, S0).unwrap();
     assert_eq!(a.stats().num_alloc_retries, 1, "first malloc failed, retry succeeded");
-    sim.set_faults(FaultPlan::default().fail_nth(FaultOp::Malloc, 1).fail_nth(FaultOp::Malloc, 2));
+    sim.set_faults(
+        FaultPlan::default()
+            .fail_nth(FaultOp::Malloc, 1)
+            .fail_nth(FaultOp::Malloc, 2),
+    );
     assert!(a.malloc(30 * MIB, S0).unwrap_err().is_out_of_memory());
     a.free(p).unwrap();
     a.empty_cache().unwrap();
@@ -347,4 +410,3 @@ fn peaks_and_accumulated_stats_reset_like_pytorch() {
     assert_eq!(d["num_device_alloc"], 0);
     assert_eq!(d.len(), 122);
 }
-

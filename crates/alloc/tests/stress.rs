@@ -77,7 +77,10 @@ fn insert(set: &Intervals, p: u64, size: u64, tid: usize) {
     let end = p + size;
     let mut s = set.lock().unwrap();
     if let Some((&q, &(qend, owner))) = s.range(..end).next_back() {
-        assert!(qend <= p, "thread {tid}: [{p:#x}, {end:#x}) overlaps [{q:#x}, {qend:#x}) live in thread {owner}");
+        assert!(
+            qend <= p,
+            "thread {tid}: [{p:#x}, {end:#x}) overlaps [{q:#x}, {qend:#x}) live in thread {owner}"
+        );
     }
     s.insert(p, (end, tid));
 }
@@ -163,8 +166,10 @@ fn worker(tid: usize, a: &CachingAllocator, sim: &SimDevice, set: &Intervals, op
             }
         }
         if i % CHECK_EVERY == CHECK_EVERY - 1 {
-            a.check_invariants().unwrap_or_else(|e| panic!("thread {tid}, op {i}: {e}"));
-            sim.check().unwrap_or_else(|e| panic!("thread {tid}, op {i}: device: {e}"));
+            a.check_invariants()
+                .unwrap_or_else(|e| panic!("thread {tid}, op {i}: {e}"));
+            sim.check()
+                .unwrap_or_else(|e| panic!("thread {tid}, op {i}: device: {e}"));
             c.checks += 1;
         }
     }
@@ -173,7 +178,11 @@ fn worker(tid: usize, a: &CachingAllocator, sim: &SimDevice, set: &Intervals, op
 }
 
 fn stress(policy: &str) {
-    let sim = Arc::new(SimDevice::new(SimConfig { capacity: CAPACITY, event_mode: EventMode::Manual, ..SimConfig::default() }));
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity: CAPACITY,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }));
     let dev: Arc<dyn Device> = sim.clone();
     let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
     let set: Intervals = Mutex::new(BTreeMap::new());
@@ -187,7 +196,9 @@ fn stress(policy: &str) {
                 let (a, sim, set, stop, barrier) = (&a, &*sim, &set, &stop, &barrier);
                 s.spawn(move || {
                     barrier.wait();
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker(tid, a, sim, set, per_thread, stop)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        worker(tid, a, sim, set, per_thread, stop)
+                    }));
                     if r.is_err() {
                         stop.store(true, Ordering::Relaxed);
                     }
@@ -195,7 +206,10 @@ fn stress(policy: &str) {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
     });
     let elapsed = t0.elapsed();
     let sum = |f: fn(&Counts) -> u64| results.iter().map(f).sum::<u64>();
@@ -204,7 +218,11 @@ fn stress(policy: &str) {
     a.check_invariants().unwrap();
     sim.check().unwrap();
     let st = a.stats();
-    assert_eq!(st.allocation.all().allocated as u64, mallocs, "{policy}: allocations counted");
+    assert_eq!(
+        st.allocation.all().allocated as u64,
+        mallocs,
+        "{policy}: allocations counted"
+    );
     assert_eq!(st.allocation.all().freed as u64, frees, "{policy}: frees counted");
     assert_eq!(st.num_ooms as u64, ooms, "{policy}: OOMs counted");
     let live: Vec<u64> = results.iter().flat_map(|c| c.live.iter().copied()).collect();

@@ -27,9 +27,7 @@ fn stats_entries(g: &Map<String, Value>) -> Vec<(String, StatsDict)> {
         let Some(name) = key.strip_suffix(".stats") else {
             continue;
         };
-        let obj = value
-            .as_object()
-            .unwrap_or_else(|| panic!("{key} is not an object"));
+        let obj = value.as_object().unwrap_or_else(|| panic!("{key} is not an object"));
         let stats: StatsDict = obj
             .iter()
             .map(|(k, v)| {
@@ -60,12 +58,7 @@ fn line_diff(expected: &str, actual: &str) -> String {
     for i in 0..e.len().max(a.len()) {
         let (el, al) = (e.get(i), a.get(i));
         if el != al {
-            out.push_str(&format!(
-                "line {}:\n  expected {:?}\n  actual   {:?}\n",
-                i + 1,
-                el,
-                al
-            ));
+            out.push_str(&format!("line {}:\n  expected {:?}\n  actual   {:?}\n", i + 1, el, al));
         }
     }
     out

@@ -25,7 +25,10 @@ pub fn run(capacity: u64) -> Result<(), String> {
     let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), "pytorch").map_err(|e| e.to_string())?;
     let s = StreamId(0);
     let e = |r: Result<u64, cudamem_alloc::AllocError>| r.map_err(|e| e.to_string());
-    println!("cudamem demo on a simulated GPU of {} (policy pytorch)\n", human(capacity));
+    println!(
+        "cudamem demo on a simulated GPU of {} (policy pytorch)\n",
+        human(capacity)
+    );
 
     let x = e(a.malloc(12, s))?; // torch.tensor([1., 2., 3.]).cuda()
     line(&a, "x = torch.tensor([1.,2.,3.]).cuda()  (12 bytes)");
@@ -49,7 +52,11 @@ pub fn run(capacity: u64) -> Result<(), String> {
     a.reset_peak_memory_stats();
     let input = e(a.malloc(4_000_000, s))?;
     let out2 = e(a.malloc(4_000_000, s))?;
-    let grads = [e(a.malloc(4_000_000, s))?, e(a.malloc(4_000, s))?, e(a.malloc(4_000_000, s))?];
+    let grads = [
+        e(a.malloc(4_000_000, s))?,
+        e(a.malloc(4_000, s))?,
+        e(a.malloc(4_000_000, s))?,
+    ];
     line(&a, "forward + backward with grad: activations and gradients");
     println!(
         "\npeak allocated under no_grad {}, with grad {}\n",

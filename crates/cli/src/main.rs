@@ -19,7 +19,11 @@ use serde_json::{json, Value};
 use size::{human, parse_size};
 
 #[derive(Parser)]
-#[command(name = "cudamem", version, about = "A GPU caching allocator with PyTorch's semantics: replay, compare and size real memory traces")]
+#[command(
+    name = "cudamem",
+    version,
+    about = "A GPU caching allocator with PyTorch's semantics: replay, compare and size real memory traces"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -110,12 +114,41 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Demo { capacity } => demo::run(capacity),
-        Command::Replay { trace, policy, config, capacity, repeats, device, warm, json } => {
-            cmd_replay(&trace, ReplayArgs { policy, config, capacity, repeats, device, warm }, json)
-        }
+        Command::Replay {
+            trace,
+            policy,
+            config,
+            capacity,
+            repeats,
+            device,
+            warm,
+            json,
+        } => cmd_replay(
+            &trace,
+            ReplayArgs {
+                policy,
+                config,
+                capacity,
+                repeats,
+                device,
+                warm,
+            },
+            json,
+        ),
         Command::Fidelity { traces } => fidelity::run(&traces),
-        Command::Compare { traces, policies, config, repeats, json } => cmd_compare(&traces, &policies, config, repeats, json),
-        Command::Fit { trace, policy, config, json } => cmd_fit(&trace, &policy, config, json),
+        Command::Compare {
+            traces,
+            policies,
+            config,
+            repeats,
+            json,
+        } => cmd_compare(&traces, &policies, config, repeats, json),
+        Command::Fit {
+            trace,
+            policy,
+            config,
+            json,
+        } => cmd_fit(&trace, &policy, config, json),
         Command::Report(cmd) => report_cmds::run(cmd),
     };
     match r {
@@ -132,7 +165,11 @@ fn load(path: &PathBuf) -> Result<Trace, String> {
 }
 
 fn policies(list: &str) -> Result<Vec<String>, String> {
-    let v: Vec<String> = list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    let v: Vec<String> = list
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
     for p in &v {
         let mut cfg = cudamem_alloc::AllocatorConfig::default();
         cudamem_alloc::policy::by_name(p, &mut cfg)?;
@@ -165,7 +202,11 @@ fn to_json(r: &ReplayResult) -> Value {
         })
         .collect();
     let ops = r.total(|d| d.ops);
-    let ns = if ops == 0 { 0.0 } else { r.devices.iter().map(|d| d.replay_ns_per_op * d.ops as f64).sum::<f64>() / ops as f64 };
+    let ns = if ops == 0 {
+        0.0
+    } else {
+        r.devices.iter().map(|d| d.replay_ns_per_op * d.ops as f64).sum::<f64>() / ops as f64
+    };
     let peak_req = r.max(|d| d.peak_requested_bytes);
     let peak_res = r.max(|d| d.peak_reserved_bytes);
     json!({
@@ -203,7 +244,11 @@ fn cmd_replay(path: &PathBuf, a: ReplayArgs, json: bool) -> Result<(), String> {
     }
     // A spinner on stderr while loading and replaying; hidden with --json, and by indicatif when
     // stderr is not a terminal. It only draws after a second, so quick runs print nothing.
-    let spinner = if json { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    let spinner = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
     let started = std::time::Instant::now();
     let tick = |msg: &str| {
         if started.elapsed().as_secs_f64() > 1.0 {
@@ -233,7 +278,12 @@ fn cmd_replay(path: &PathBuf, a: ReplayArgs, json: bool) -> Result<(), String> {
         return Ok(());
     }
     println!("trace    {}", r.trace);
-    println!("policy   {}   config '{}'   capacity {}", r.policy, r.config, human(r.capacity));
+    println!(
+        "policy   {}   config '{}'   capacity {}",
+        r.policy,
+        r.config,
+        human(r.capacity)
+    );
     for d in &r.devices {
         println!("\ndevice {}: {} ops, {:.1} ns/op", d.device, d.ops, d.replay_ns_per_op);
         println!(
@@ -268,7 +318,13 @@ fn bar(len: u64, hidden: bool) -> ProgressBar {
     pb
 }
 
-fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, repeats: usize, json: bool) -> Result<(), String> {
+fn cmd_compare(
+    paths: &[PathBuf],
+    list: &str,
+    config: Option<String>,
+    repeats: usize,
+    json: bool,
+) -> Result<(), String> {
     let pols = policies(list)?;
     let pb = bar((paths.len() * pols.len()) as u64, json);
     let mut rows = Vec::new();
@@ -276,7 +332,12 @@ fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, repeats: u
         let trace = load(path)?;
         for p in &pols {
             pb.set_message(format!("{} {}", path.display(), p));
-            let opts = ReplayOptions { policy: p.clone(), config: config.clone(), repeats, ..ReplayOptions::default() };
+            let opts = ReplayOptions {
+                policy: p.clone(),
+                config: config.clone(),
+                repeats,
+                ..ReplayOptions::default()
+            };
             rows.push(cudamem_replay::replay(&trace, &opts)?);
             pb.inc(1);
         }
@@ -292,7 +353,9 @@ fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, repeats: u
     );
     for r in &rows {
         let j = to_json(r);
-        let name = std::path::Path::new(&r.trace).file_name().map_or(r.trace.clone(), |n| n.to_string_lossy().into_owned());
+        let name = std::path::Path::new(&r.trace)
+            .file_name()
+            .map_or(r.trace.clone(), |n| n.to_string_lossy().into_owned());
         println!(
             "{:<28} {:<20} {:>12} {:>12} {:>9.3} {:>8} {:>8} {:>6} {:>8.1}",
             name,
@@ -316,17 +379,27 @@ fn cmd_fit(path: &PathBuf, list: &str, config: Option<String>, json: bool) -> Re
     let mut out = Vec::new();
     for p in &pols {
         pb.set_message(p.clone());
-        let opts = ReplayOptions { policy: p.clone(), config: config.clone(), ..ReplayOptions::default() };
+        let opts = ReplayOptions {
+            policy: p.clone(),
+            config: config.clone(),
+            ..ReplayOptions::default()
+        };
         let cap = cudamem_replay::fit(&trace, &opts)?;
         out.push((p.clone(), cap));
         pb.inc(1);
     }
     pb.finish_and_clear();
     if json {
-        let v: Vec<Value> = out.iter().map(|(p, c)| json!({"trace": trace.source, "policy": p, "min_capacity_bytes": c})).collect();
+        let v: Vec<Value> = out
+            .iter()
+            .map(|(p, c)| json!({"trace": trace.source, "policy": p, "min_capacity_bytes": c}))
+            .collect();
         println!("{}", Value::Array(v));
     } else {
-        println!("smallest simulated GPU on which {} replays without an out-of-memory error:", trace.source);
+        println!(
+            "smallest simulated GPU on which {} replays without an out-of-memory error:",
+            trace.source
+        );
         for (p, c) in &out {
             println!("  {:<20} {:>12}  ({} bytes)", p, human(*c), c);
         }

@@ -78,7 +78,9 @@ fn load(path: &Path) -> Result<Trace, String> {
 
 /// Prefixes an error with the trace's file name unless it already names it.
 fn named(path: &Path, e: String) -> String {
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let name = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     if e.starts_with(&name) {
         e
     } else {
@@ -103,7 +105,13 @@ pub fn run(cmd: ReportCommand) -> Result<(), String> {
             print!("{r}");
             Ok(())
         }
-        ReportCommand::Leaks { trace, at, top, frames, json } => {
+        ReportCommand::Leaks {
+            trace,
+            at,
+            top,
+            frames,
+            json,
+        } => {
             let t = load(&trace)?;
             let at = at.as_deref().map_or(At::End, At::parse);
             let r = leaks(&t, &at).map_err(|e| named(&trace, e))?;
@@ -122,7 +130,13 @@ pub fn run(cmd: ReportCommand) -> Result<(), String> {
             print!("{}", r.to_text(top, 5, 6));
             Ok(())
         }
-        ReportCommand::Viz { trace, output, policy, config, title } => {
+        ReportCommand::Viz {
+            trace,
+            output,
+            policy,
+            config,
+            title,
+        } => {
             let t = load(&trace)?;
             let title = title.unwrap_or_else(|| match &policy {
                 Some(p) => format!("{} replayed with {p}", t.source),

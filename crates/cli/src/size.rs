@@ -15,9 +15,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "MiB" => 1024f64.powi(2),
         "GiB" => 1024f64.powi(3),
         "TiB" => 1024f64.powi(4),
-        u => return Err(format!("unknown size unit '{u}' in '{s}' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)")),
+        u => {
+            return Err(format!(
+                "unknown size unit '{u}' in '{s}' (use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+            ))
+        }
     };
-    let v: f64 = num.parse().map_err(|_| format!("'{s}' is not a size (examples: 80GiB, 141GB, 1073741824)"))?;
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 80GiB, 141GB, 1073741824)"))?;
     let bytes = v * mult;
     if !(1.0..=1.8e19).contains(&bytes) {
         return Err(format!("size '{s}' is out of range (1 byte to 16 EiB)"));

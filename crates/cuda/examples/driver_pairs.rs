@@ -30,11 +30,7 @@ struct Stats {
 fn stats(mut ns: Vec<u64>) -> Stats {
     ns.sort_unstable();
     let n = ns.len().max(1);
-    let median_ns = if ns.is_empty() {
-        0.0
-    } else {
-        ns[ns.len() / 2] as f64
-    };
+    let median_ns = if ns.is_empty() { 0.0 } else { ns[ns.len() / 2] as f64 };
     Stats {
         median_ns,
         mean_ns: ns.iter().sum::<u64>() as f64 / n as f64,
@@ -50,11 +46,7 @@ fn sync_pairs(size: u64, iters: usize) -> Result<Stats, DeviceError> {
         // SAFETY: the caller made the device's context current; `p` is a valid out-pointer and
         // the allocation is freed right after, never touched.
         unsafe {
-            check_alloc(
-                sys::cuMemAlloc_v2(&mut p, size as usize),
-                "cuMemAlloc",
-                size,
-            )?;
+            check_alloc(sys::cuMemAlloc_v2(&mut p, size as usize), "cuMemAlloc", size)?;
             check(sys::cuMemFree_v2(p), "cuMemFree")?;
         }
         if i >= WARMUP {
@@ -135,10 +127,7 @@ fn run(d: &CudaDevice, iters: usize) -> Result<(), DeviceError> {
     let mut json = Vec::new();
     for size in SIZES {
         let (s, (a, a_sync)) = d.with_current(|| -> Result<_, DeviceError> {
-            Ok((
-                sync_pairs(size, iters)?,
-                async_pairs(size, iters, raw_stream)?,
-            ))
+            Ok((sync_pairs(size, iters)?, async_pairs(size, iters, raw_stream)?))
         })??;
         println!(
             "{size:>10} | {:>14.0} {:>14.0} | {:>15.0} {:>16.0}",

@@ -89,9 +89,8 @@ pub use cudarc;
 
 use cudarc::driver::sys::{
     self, CUcontext, CUdevice, CUdevice_attribute, CUevent, CUmemAccessDesc, CUmemAccess_flags,
-    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
-    CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
-    CUstream,
+    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult, CUstream,
 };
 
 /// The granularity assumed when the device does not support virtual memory management (VMM
@@ -197,8 +196,7 @@ fn probe() -> Result<(i32, i32), DeviceError> {
             "the CUDA driver library (libcuda.so.1) was not found on this machine".into(),
         ));
     }
-    driver_init()
-        .map_err(|e| DeviceError::Unavailable(format!("the CUDA driver failed to start: {e}")))?;
+    driver_init().map_err(|e| DeviceError::Unavailable(format!("the CUDA driver failed to start: {e}")))?;
     let mut n: std::ffi::c_int = 0;
     let mut version: std::ffi::c_int = 0;
     // SAFETY: the driver is present and initialised; both are valid out-pointers.
@@ -285,11 +283,7 @@ impl Vmm {
                     at += m.size;
                 }
                 None => {
-                    let inside = self
-                        .mappings
-                        .range(..at)
-                        .next_back()
-                        .filter(|(&a, m)| a + m.size > at);
+                    let inside = self.mappings.range(..at).next_back().filter(|(&a, m)| a + m.size > at);
                     let why = match inside {
                         Some((&a, m)) => format!(
                             "{at:#x} is inside the mapping [{a:#x}, +{}) (mappings are unmapped whole)",
@@ -375,10 +369,7 @@ impl CudaDevice {
         // out-pointers. The retained context is released by `Drop` of the device built below.
         unsafe {
             check(sys::cuDeviceGet(&mut dev, ordinal), "cuDeviceGet")?;
-            check(
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
-                "cuDevicePrimaryCtxRetain",
-            )?;
+            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
         }
         let mut d = CudaDevice {
             ordinal,
@@ -553,11 +544,7 @@ impl CudaDevice {
     ///
     /// # Safety
     /// `[src, src + dst.len())` must be device memory the caller may read.
-    pub unsafe fn copy_from_device(
-        &self,
-        dst: &mut [u8],
-        src: DevicePtr,
-    ) -> Result<(), DeviceError> {
+    pub unsafe fn copy_from_device(&self, dst: &mut [u8], src: DevicePtr) -> Result<(), DeviceError> {
         let _c = self.current()?;
         // SAFETY: `dst` is a valid, exclusively borrowed host buffer of `dst.len()` bytes; the
         // caller guarantees the device range.
@@ -591,11 +578,7 @@ impl CudaDevice {
 
     /// The mappings currently in place, as `(start, size)` in address order.
     pub fn mappings(&self) -> Vec<(DevicePtr, u64)> {
-        lock(&self.vmm)
-            .mappings
-            .iter()
-            .map(|(&a, m)| (a, m.size))
-            .collect()
+        lock(&self.vmm).mappings.iter().map(|(&a, m)| (a, m.size)).collect()
     }
 
     /// Number of events handed out and not yet returned with `destroy_event`.
@@ -623,13 +606,7 @@ impl CudaDevice {
     /// Undoes a failed `map` of `[ptr, +size)`: unmaps the allocation `h` if `mapped`, then
     /// releases it. Returns false if it could not be unmapped (it stays mapped and must be kept on
     /// record so that a later `unmap` can release it). The caller holds a context guard.
-    fn undo_map(
-        &self,
-        ptr: DevicePtr,
-        size: u64,
-        h: CUmemGenericAllocationHandle,
-        mapped: bool,
-    ) -> bool {
+    fn undo_map(&self, ptr: DevicePtr, size: u64, h: CUmemGenericAllocationHandle, mapped: bool) -> bool {
         // SAFETY: `[ptr, +size)` was mapped by the failed call with `h` (if `mapped`), nobody
         // else knows the range yet, and `h` was created by that call and is released exactly once
         // here. The context is current (the caller holds a guard).
@@ -688,8 +665,7 @@ impl Device for CudaDevice {
         if size == 0 {
             return Err(DeviceError::InvalidArgument("malloc of 0 bytes".into()));
         }
-        let bytes =
-            usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
+        let bytes = usize::try_from(size).map_err(|_| DeviceError::OutOfMemory { requested: size })?;
         let mut p: sys::CUdeviceptr = 0;
         {
             let _c = self.current()?;
@@ -987,10 +963,7 @@ impl CudaDevice {
         if lock(&self.events).live.contains(&event.0) {
             Ok(())
         } else {
-            Err(DeviceError::InvalidArgument(format!(
-                "unknown event {:#x}",
-                event.0
-            )))
+            Err(DeviceError::InvalidArgument(format!("unknown event {:#x}", event.0)))
         }
     }
 }
@@ -1039,10 +1012,7 @@ mod tests {
         if driver_present() {
             match CudaDevice::new(i32::MAX) {
                 Err(DeviceError::Unavailable(m)) => {
-                    assert!(
-                        m.contains(&format!("cuda:{}", i32::MAX)) || m.contains("driver"),
-                        "{m}"
-                    )
+                    assert!(m.contains(&format!("cuda:{}", i32::MAX)) || m.contains("driver"), "{m}")
                 }
                 other => panic!("expected Unavailable, got {other:?}"),
             }

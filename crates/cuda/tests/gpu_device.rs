@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudamem_cuda::cudarc::driver::sys;
-use cudamem_cuda::{
-    check, device_count, CudaDevice, Device, DeviceError, DevicePtr, EventId, StreamId,
-};
+use cudamem_cuda::{check, device_count, CudaDevice, Device, DeviceError, DevicePtr, EventId, StreamId};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -65,11 +63,7 @@ impl Soft {
         }
     }
     fn finish(self) {
-        assert!(
-            self.0.is_empty(),
-            "soft checks failed:\n  {}",
-            self.0.join("\n  ")
-        );
+        assert!(self.0.is_empty(), "soft checks failed:\n  {}", self.0.join("\n  "));
     }
 }
 
@@ -162,10 +156,7 @@ fn malloc_returns_usable_memory_and_free_works() {
     let sizes = [512u64, MIB, 64 * MIB + 3];
     for (k, &size) in sizes.iter().enumerate() {
         let p = d.malloc(size).unwrap();
-        assert!(
-            p != 0 && p % 256 == 0,
-            "cuMemAlloc address {p:#x} is 256-byte aligned"
-        );
+        assert!(p != 0 && p % 256 == 0, "cuMemAlloc address {p:#x} is 256-byte aligned");
         let want = pattern(size, k as u8);
         write(&d, p, &want);
         assert_same(&read(&d, p, size), &want, "copy back after cuMemcpyHtoD");
@@ -174,14 +165,8 @@ fn malloc_returns_usable_memory_and_free_works() {
             read(&d, p, size).iter().all(|&b| b == 0x5a),
             "cuMemsetD8 result read back"
         );
-        assert!(
-            is_invalid(d.free(p, size + 1)),
-            "free with the wrong size is refused"
-        );
-        assert!(
-            is_invalid(d.free(p + 256, size)),
-            "free of an inner address is refused"
-        );
+        assert!(is_invalid(d.free(p, size + 1)), "free with the wrong size is refused");
+        assert!(is_invalid(d.free(p + 256, size)), "free of an inner address is refused");
         d.free(p, size).unwrap();
         assert!(
             is_invalid(d.free(p, size)),
@@ -269,23 +254,11 @@ fn reserve_map_write_read_unmap_release() {
 
     // Misuse is refused without reaching the driver, and changes nothing.
     assert!(is_invalid(d.map(ptr + g, g)), "mapping inside a mapping");
-    assert!(
-        is_invalid(d.map(ptr - g, 2 * g)),
-        "mapping over the start of a mapping"
-    );
-    assert!(
-        is_invalid(d.map(base + res_size, g)),
-        "mapping outside the reservation"
-    );
+    assert!(is_invalid(d.map(ptr - g, 2 * g)), "mapping over the start of a mapping");
+    assert!(is_invalid(d.map(base + res_size, g)), "mapping outside the reservation");
     assert!(is_invalid(d.map(ptr + 1, g)), "unaligned map");
-    assert!(
-        is_invalid(d.unmap(base, g)),
-        "unmapping a page never mapped"
-    );
-    assert!(
-        is_invalid(d.unmap(ptr, size + g)),
-        "unmapping past the mapping"
-    );
+    assert!(is_invalid(d.unmap(base, g)), "unmapping a page never mapped");
+    assert!(is_invalid(d.unmap(ptr, size + g)), "unmapping past the mapping");
     assert!(
         is_invalid(d.unmap(ptr, size - g)),
         "unmapping the front of a mapping (it is one cuMemCreate allocation)"
@@ -322,18 +295,12 @@ fn reserve_map_write_read_unmap_release() {
     let want6 = pattern(6 * g, 21);
     write(&d, base, &want6);
     assert_same(&read(&d, base, 6 * g), &want6, "data across four mappings");
-    assert!(
-        is_invalid(d.unmap(base + g, g)),
-        "unmapping half of the 2-page mapping"
-    );
+    assert!(is_invalid(d.unmap(base + g, g)), "unmapping half of the 2-page mapping");
     assert!(
         is_invalid(d.unmap(base + 2 * g, 2 * g)),
         "a run starting inside a mapping"
     );
-    assert!(
-        is_invalid(d.unmap(base + g, 4 * g)),
-        "a run ending inside a mapping"
-    );
+    assert!(is_invalid(d.unmap(base + g, 4 * g)), "a run ending inside a mapping");
     assert_eq!(d.mapped_bytes(), 6 * g, "refused unmaps change nothing");
     let before = d.counters();
     d.unmap(base + g, 3 * g).unwrap(); // the 2-page and the 1-page mapping after it
@@ -419,11 +386,7 @@ fn map_out_of_memory_rolls_back() {
             panic!("expected OutOfMemory mapping {try_size} B with {free1} B free, got {other:?}")
         }
     }
-    assert_eq!(
-        d.mapped_bytes(),
-        0,
-        "no page stays mapped after a failed map"
-    );
+    assert_eq!(d.mapped_bytes(), 0, "no page stays mapped after a failed map");
     assert_eq!(d.counters(), before, "a failed map is not counted");
     let free2 = free_bytes(&d);
     soft.check(
@@ -464,10 +427,7 @@ fn events_complete_after_stream_work() {
     d.synchronize_event(e).unwrap();
     let done = t.elapsed();
     eprintln!("  query right after record: {early} (false expected); queued in {queued:?}, complete after {done:?}");
-    assert!(
-        d.query_event(e).unwrap(),
-        "complete after synchronize_event"
-    );
+    assert!(d.query_event(e).unwrap(), "complete after synchronize_event");
     assert!(
         read(&d, buf, 4096).iter().all(|&b| b == 15),
         "the last memset is visible"
@@ -556,22 +516,14 @@ fn any_thread_works_and_the_primary_context_is_shared() {
     })
     .join()
     .unwrap();
-    assert_eq!(
-        (before, after),
-        (0, 0),
-        "the calling thread's context is restored"
-    );
+    assert_eq!((before, after), (0, 0), "the calling thread's context is restored");
 
     // The context is the device's primary context, so a second CudaDevice (like PyTorch) sees
     // the same memory.
     let mut primary: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid device and out-pointer; released right below.
     unsafe {
-        check(
-            sys::cuDevicePrimaryCtxRetain(&mut primary, d.cu_device()),
-            "retain",
-        )
-        .unwrap();
+        check(sys::cuDevicePrimaryCtxRetain(&mut primary, d.cu_device()), "retain").unwrap();
         check(sys::cuDevicePrimaryCtxRelease_v2(d.cu_device()), "release").unwrap();
     }
     assert_eq!(primary, d.context());
@@ -581,10 +533,7 @@ fn any_thread_works_and_the_primary_context_is_shared() {
         read(&other, p, 4096).iter().all(|&b| b == 7),
         "memory shared through the primary context"
     );
-    assert!(
-        is_invalid(other.free(p, 4096)),
-        "a device frees only what it allocated"
-    );
+    assert!(is_invalid(other.free(p, 4096)), "a device frees only what it allocated");
     d.free(p, 4096).unwrap();
 
     // Many threads at once.

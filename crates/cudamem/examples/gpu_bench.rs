@@ -116,11 +116,7 @@ fn driver_async_pairs(size: usize, iters: usize, stream: CUstream) -> Result<f64
 }
 
 /// The driver's figures for every size: `(cuMemAlloc pair, cuMemAllocAsync pair)` medians.
-fn driver_figures(
-    d: &CudaDevice,
-    stream: Stream,
-    iters: usize,
-) -> Result<Vec<(f64, f64)>, DeviceError> {
+fn driver_figures(d: &CudaDevice, stream: Stream, iters: usize) -> Result<Vec<(f64, f64)>, DeviceError> {
     let raw = stream.as_cu_stream();
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     let out = d.with_current(|| -> Result<Vec<(f64, f64)>, DeviceError> {
@@ -143,10 +139,7 @@ fn driver_figures(
         }
         let mut v = Vec::new();
         for size in SIZES {
-            v.push((
-                driver_sync_pairs(size, iters)?,
-                driver_async_pairs(size, iters, raw)?,
-            ));
+            v.push((driver_sync_pairs(size, iters)?, driver_async_pairs(size, iters, raw)?));
         }
         // SAFETY: `pool` is the device's default pool; trimming returns only idle memory.
         check(unsafe { sys::cuMemPoolTrimTo(pool, 0) }, "cuMemPoolTrimTo")?;
@@ -157,16 +150,7 @@ fn driver_figures(
 
 /// Pairs per second of `threads` threads sharing `a`, each on its own stream, for `dur`.
 fn throughput(a: &Allocator, streams: &[Stream], threads: usize, dur: Duration) -> f64 {
-    const MIX: [usize; 8] = [
-        512,
-        4 << 10,
-        64 << 10,
-        512 << 10,
-        1 << 20,
-        4 << 20,
-        16 << 20,
-        2 << 10,
-    ];
+    const MIX: [usize; 8] = [512, 4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 2 << 10];
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
@@ -214,14 +198,8 @@ fn main() {
         let value = args.next();
         let ok = match flag.as_str() {
             "--device" => value.map(|v| device = v).is_some(),
-            "--iters" => value
-                .and_then(|v| v.parse().ok())
-                .map(|v| iters = v)
-                .is_some(),
-            "--duration-ms" => value
-                .and_then(|v| v.parse().ok())
-                .map(|v| duration_ms = v)
-                .is_some(),
+            "--iters" => value.and_then(|v| v.parse().ok()).map(|v| iters = v).is_some(),
+            "--duration-ms" => value.and_then(|v| v.parse().ok()).map(|v| duration_ms = v).is_some(),
             _ => false,
         };
         if !ok {

@@ -16,9 +16,7 @@ fn mib(bytes: u64) -> String {
 }
 
 fn main() -> Result<(), cudamem::Error> {
-    let device = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "auto".to_string());
+    let device = std::env::args().nth(1).unwrap_or_else(|| "auto".to_string());
     let alloc = Allocator::new(&device)?;
     println!(
         "device {} ({}), policy {}",
@@ -80,16 +78,10 @@ fn main() -> Result<(), cudamem::Error> {
         mib(free_after),
         mib(total)
     );
-    assert!(
-        alloc.memory_reserved() < reserved_before,
-        "reserved memory went down"
-    );
+    assert!(alloc.memory_reserved() < reserved_before, "reserved memory went down");
 
     drop((mid, small));
     alloc.empty_cache()?;
-    println!(
-        "all dropped and emptied: reserved {}",
-        mib(alloc.memory_reserved())
-    );
+    println!("all dropped and emptied: reserved {}", mib(alloc.memory_reserved()));
     Ok(())
 }

@@ -79,8 +79,8 @@ use std::ops::{Deref, RangeBounds};
 use std::sync::Arc;
 
 use cudamem_cuda::cudarc::driver::{
-    sys, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
-    SyncOnDrop, ValidAsZeroBits,
+    sys, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop,
+    ValidAsZeroBits,
 };
 use cudamem_cuda::{CudaDevice, Device};
 
@@ -109,10 +109,7 @@ impl Buffer {
     /// The buffer's bytes may not be valid values of `T` (it comes from a cache, uninitialised):
     /// read them as `T` only after writing them, as with cudarc's `CudaStream::alloc`. Prefer
     /// [`cuda_slice_zeroed`](Self::cuda_slice_zeroed) where zeroing is affordable.
-    pub unsafe fn cuda_slice<T: DeviceRepr>(
-        &mut self,
-        stream: &Arc<CudaStream>,
-    ) -> Result<CudaSliceRef<'_, T>, Error> {
+    pub unsafe fn cuda_slice<T: DeviceRepr>(&mut self, stream: &Arc<CudaStream>) -> Result<CudaSliceRef<'_, T>, Error> {
         let cuda = self.alloc.require_cuda("cuda_slice")?.clone();
         if stream.context().cu_ctx() != cuda.context() {
             return Err(Error::Unsupported(format!(
@@ -123,9 +120,7 @@ impl Buffer {
         }
         let size = std::mem::size_of::<T>();
         if size == 0 {
-            return Err(Error::Unsupported(
-                "cuda_slice: zero-sized element type".into(),
-            ));
+            return Err(Error::Unsupported("cuda_slice: zero-sized element type".into()));
         }
         if self.ptr % std::mem::align_of::<T>() as u64 != 0 {
             return Err(Error::Unsupported(format!(
@@ -230,10 +225,7 @@ impl<T> DevicePtr<T> for CudaSliceRef<'_, T> {
 }
 
 impl<T> DevicePtrMut<T> for CudaSliceRef<'_, T> {
-    fn device_ptr_mut<'b>(
-        &'b mut self,
-        stream: &'b CudaStream,
-    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+    fn device_ptr_mut<'b>(&'b mut self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         if self.is_own(stream) {
             return self.slice.device_ptr_mut(stream);
         }

@@ -113,9 +113,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use cudamem_alloc::config::ConfigError;
-pub use cudamem_alloc::{
-    AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict,
-};
+pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
@@ -264,29 +262,17 @@ pub struct Stream {
 
 impl Stream {
     /// The legacy default stream (handle 0; PyTorch's default stream).
-    pub const DEFAULT: Stream = Stream {
-        raw: 0,
-        cuda_ok: true,
-    };
+    pub const DEFAULT: Stream = Stream { raw: 0, cuda_ok: true };
     /// `CU_STREAM_LEGACY` (handle 1), the legacy default stream named explicitly.
-    pub const LEGACY: Stream = Stream {
-        raw: 1,
-        cuda_ok: true,
-    };
+    pub const LEGACY: Stream = Stream { raw: 1, cuda_ok: true };
     /// `CU_STREAM_PER_THREAD` (handle 2), the calling thread's default stream.
-    pub const PER_THREAD: Stream = Stream {
-        raw: 2,
-        cuda_ok: true,
-    };
+    pub const PER_THREAD: Stream = Stream { raw: 2, cuda_ok: true };
 
     /// A stream named by its raw handle. Safe: on a CUDA device such a stream is refused (with
     /// [`Error::InvalidStream`]) unless it is one of the constants; use it for the simulated
     /// device, or to compare with streams in traces and stats.
     pub const fn from_raw(raw: u64) -> Stream {
-        Stream {
-            raw,
-            cuda_ok: raw <= 2,
-        }
+        Stream { raw, cuda_ok: raw <= 2 }
     }
 
     /// A CUDA stream from its raw `CUstream` handle, to be used on a CUDA device.
@@ -353,8 +339,7 @@ fn keep_cudarc_stream(s: &Arc<CudaStream>) {
     static KEPT: OnceLock<Mutex<HashMap<u64, Arc<CudaStream>>>> = OnceLock::new();
     let kept = KEPT.get_or_init(Default::default);
     let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
-    kept.entry(s.cu_stream() as u64)
-        .or_insert_with(|| Arc::clone(s));
+    kept.entry(s.cu_stream() as u64).or_insert_with(|| Arc::clone(s));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,9 +381,7 @@ impl DeviceSpec {
         match (kind, arg) {
             ("sim", None) => Ok(DeviceSpec::Sim { capacity: None }),
             ("sim", Some(c)) => match parse_size(c) {
-                Some(0) => Err(bad(
-                    "the simulated capacity must be more than 0 bytes".into()
-                )),
+                Some(0) => Err(bad("the simulated capacity must be more than 0 bytes".into())),
                 Some(n) => Ok(DeviceSpec::Sim { capacity: Some(n) }),
                 None => Err(bad(format!("'{c}' is not a capacity"))),
             },
@@ -417,12 +400,9 @@ impl DeviceSpec {
 /// Parses a byte count with an optional unit (see [`DeviceSpec::parse`]).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
-    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
-    {
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
         return None;
     }
     let mult: u64 = match unit.as_str() {
@@ -509,17 +489,10 @@ impl Allocator {
     }
 
     /// As [`with_config`](Self::with_config), with the configuration already parsed.
-    pub fn with_allocator_config(
-        device: &str,
-        config: AllocatorConfig,
-        policy: &str,
-    ) -> Result<Allocator, Error> {
+    pub fn with_allocator_config(device: &str, config: AllocatorConfig, policy: &str) -> Result<Allocator, Error> {
         let spec = DeviceSpec::parse(device)?;
         let policy = if policy.trim().is_empty() {
-            config
-                .policy
-                .clone()
-                .unwrap_or_else(|| DEFAULT_POLICY.to_string())
+            config.policy.clone().unwrap_or_else(|| DEFAULT_POLICY.to_string())
         } else {
             policy.trim().to_string()
         };
@@ -610,9 +583,7 @@ impl Allocator {
                     cuda_ok: true,
                 })
             }
-            None => Ok(Stream::from_raw(
-                NEXT_SIM_STREAM.fetch_add(1, Ordering::Relaxed),
-            )),
+            None => Ok(Stream::from_raw(NEXT_SIM_STREAM.fetch_add(1, Ordering::Relaxed))),
         }
     }
 
@@ -786,11 +757,7 @@ impl Allocator {
 
 /// `waiter` waits for the work queued on `on` so far: an event recorded on `on`, waited for by
 /// `waiter` (`cuStreamWaitEvent`). Falls back to synchronising `on` if that fails.
-pub(crate) fn cuda_stream_wait(
-    dev: &CudaDevice,
-    waiter: StreamId,
-    on: StreamId,
-) -> Result<(), DeviceError> {
+pub(crate) fn cuda_stream_wait(dev: &CudaDevice, waiter: StreamId, on: StreamId) -> Result<(), DeviceError> {
     if waiter == on {
         return Ok(());
     }
@@ -870,11 +837,7 @@ impl Buffer {
         if self.ptr == 0 {
             return Ok(());
         }
-        Ok(self
-            .alloc
-            .inner
-            .engine
-            .record_stream(self.ptr, stream.id())?)
+        Ok(self.alloc.inner.engine.record_stream(self.ptr, stream.id())?)
     }
 
     /// Frees the buffer now, reporting a failure (which `Drop` cannot).
@@ -996,26 +959,14 @@ mod tests {
         assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
         assert_eq!(parse_size("1073741824"), Some(1 << 30));
         assert_eq!(parse_size("512b"), Some(512));
-        for bad in [
-            "",
-            "GiB",
-            "8XB",
-            "1.2.3",
-            ".5G",
-            "5.G",
-            "-1",
-            "99999999999999TiB",
-        ] {
+        for bad in ["", "GiB", "8XB", "1.2.3", ".5G", "5.G", "-1", "99999999999999TiB"] {
             assert_eq!(parse_size(bad), None, "{bad}");
         }
     }
 
     #[test]
     fn device_strings_parse() {
-        assert_eq!(
-            DeviceSpec::parse("sim").unwrap(),
-            DeviceSpec::Sim { capacity: None }
-        );
+        assert_eq!(DeviceSpec::parse("sim").unwrap(), DeviceSpec::Sim { capacity: None });
         assert_eq!(
             DeviceSpec::parse(" SIM:8GiB ").unwrap(),
             DeviceSpec::Sim {
@@ -1025,9 +976,7 @@ mod tests {
         assert_eq!(DeviceSpec::parse("cuda").unwrap(), DeviceSpec::Cuda(0));
         assert_eq!(DeviceSpec::parse("cuda:3").unwrap(), DeviceSpec::Cuda(3));
         assert_eq!(DeviceSpec::parse("auto").unwrap(), DeviceSpec::Auto);
-        for bad in [
-            "", "gpu", "cuda:-1", "cuda:x", "sim:0", "sim:lots", "auto:1", "cpu:0",
-        ] {
+        for bad in ["", "gpu", "cuda:-1", "cuda:x", "sim:0", "sim:lots", "auto:1", "cpu:0"] {
             let e = DeviceSpec::parse(bad).unwrap_err();
             assert!(matches!(e, Error::BadDevice { .. }), "{bad}: {e}");
             assert!(e.to_string().contains(&format!("'{bad}'")), "{e}");

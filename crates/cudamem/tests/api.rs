@@ -66,11 +66,7 @@ fn dropping_a_buffer_returns_it_to_the_cache_and_empty_cache_releases_it() {
     );
     let again = a.alloc(64 * MIB, Stream::DEFAULT).unwrap();
     assert_eq!(again.device_ptr(), ptr, "the cached block is reused");
-    assert_eq!(
-        a.device_counters().mallocs,
-        2,
-        "no new device allocation for the reuse"
-    );
+    assert_eq!(a.device_counters().mallocs, 2, "no new device allocation for the reuse");
     drop(again);
 
     a.empty_cache().unwrap();
@@ -89,11 +85,7 @@ fn explicit_free_and_empty_buffers() {
     b.record_stream(Stream::from_raw(7)).unwrap();
     drop(b);
     let b = a.alloc(1000, Stream::DEFAULT).unwrap();
-    assert_eq!(
-        a.memory_allocated(),
-        1024,
-        "rounded to 512 bytes as in PyTorch"
-    );
+    assert_eq!(a.memory_allocated(), 1024, "rounded to 512 bytes as in PyTorch");
     b.free().unwrap();
     assert_eq!(a.memory_allocated(), 0);
     a.check_invariants().unwrap();
@@ -108,19 +100,10 @@ fn stats_and_summary_pass_through() {
         .collect();
     let stats = a.memory_stats();
     assert_eq!(stats.len(), 122, "PyTorch's 122 keys");
-    assert_eq!(
-        stats["allocated_bytes.all.current"] as u64,
-        a.memory_allocated()
-    );
-    assert_eq!(
-        stats["reserved_bytes.all.current"] as u64,
-        a.memory_reserved()
-    );
+    assert_eq!(stats["allocated_bytes.all.current"] as u64, a.memory_allocated());
+    assert_eq!(stats["reserved_bytes.all.current"] as u64, a.memory_reserved());
     assert_eq!(stats["allocation.all.current"], 4);
-    assert_eq!(
-        stats["num_device_alloc"] as u64,
-        a.device_counters().mallocs
-    );
+    assert_eq!(stats["num_device_alloc"] as u64, a.device_counters().mallocs);
     assert_eq!(a.stats().allocation.all().current, 4);
 
     let summary = a.memory_summary(false);
@@ -130,10 +113,7 @@ fn stats_and_summary_pass_through() {
     );
     assert!(summary.contains("Allocated memory"));
     assert!(summary.contains("from large pool"));
-    assert!(
-        !a.memory_summary(true).contains("from large pool"),
-        "abbreviated"
-    );
+    assert!(!a.memory_summary(true).contains("from large pool"), "abbreviated");
 
     let peak = a.max_memory_allocated();
     assert_eq!(peak, a.memory_allocated());
@@ -162,15 +142,10 @@ fn out_of_memory_is_typed_with_pytorchs_message_and_the_allocator_recovers() {
         msg.starts_with("CUDA out of memory. Tried to allocate 600.00 MiB. GPU 0 has a total capacity of 1024.00 MiB"),
         "{msg}"
     );
-    assert!(
-        err.to_string().starts_with(&msg),
-        "Display is PyTorch's message first"
-    );
+    assert!(err.to_string().starts_with(&msg), "Display is PyTorch's message first");
     assert_eq!(a.memory_stats()["num_ooms"], 1);
     drop(keep);
-    let b = a
-        .alloc(600 * MIB, Stream::DEFAULT)
-        .expect("works again after freeing");
+    let b = a.alloc(600 * MIB, Stream::DEFAULT).expect("works again after freeing");
     drop(b);
     a.check_invariants().unwrap();
 }
@@ -226,10 +201,7 @@ fn configuration_policy_and_runtime_settings() {
     assert!(a.config().expandable_segments);
     let b = a.alloc(30 * MIB, Stream::DEFAULT).unwrap();
     let c = a.device_counters();
-    assert!(
-        c.maps >= 1 && c.mallocs == 0,
-        "expandable segments map pages: {c:?}"
-    );
+    assert!(c.maps >= 1 && c.mallocs == 0, "expandable segments map pages: {c:?}");
     drop(b);
     a.empty_cache().unwrap();
     assert!(a.device_counters().unmaps >= 1);
@@ -237,10 +209,7 @@ fn configuration_policy_and_runtime_settings() {
     a.check_invariants().unwrap();
 
     let p = Allocator::with_config("sim", "", "pytorch-expandable").unwrap();
-    assert!(
-        p.config().expandable_segments,
-        "the policy implies the setting"
-    );
+    assert!(p.config().expandable_segments, "the policy implies the setting");
 
     let s = sim("4GiB");
     s.set_settings("max_split_size_mb:64").unwrap();
@@ -252,9 +221,7 @@ fn configuration_policy_and_runtime_settings() {
 
     s.set_per_process_memory_fraction(0.25).unwrap();
     let err = s.alloc(2 * GIB as usize, Stream::DEFAULT).unwrap_err();
-    let o = err
-        .out_of_memory()
-        .expect("over the fraction is out of memory");
+    let o = err.out_of_memory().expect("over the fraction is out of memory");
     assert_eq!(o.allowed, Some(GIB));
     assert!(
         o.pytorch_message().contains("1024.00 MiB allowed"),
@@ -275,10 +242,7 @@ fn from_env_reads_device_config_and_policy() {
     assert_eq!(a.config().max_split_size, 32 << 20);
     assert!(a.config().expandable_segments);
     std::env::set_var("CUDAMEM_DEVICE", "sim:nope");
-    assert!(matches!(
-        Allocator::from_env(),
-        Err(Error::BadDevice { .. })
-    ));
+    assert!(matches!(Allocator::from_env(), Err(Error::BadDevice { .. })));
     std::env::remove_var("CUDAMEM_DEVICE");
     std::env::remove_var("CUDAMEM_ALLOC_CONF");
     std::env::remove_var("CUDAMEM_POLICY");
@@ -288,10 +252,7 @@ fn from_env_reads_device_config_and_policy() {
 fn data_calls_and_cudarc_views_are_unsupported_on_the_simulator() {
     let a = sim("1GiB");
     let mut b = a.alloc(4096, Stream::DEFAULT).unwrap();
-    assert!(matches!(
-        b.copy_from_host(0, &[1, 2, 3]),
-        Err(Error::Unsupported(_))
-    ));
+    assert!(matches!(b.copy_from_host(0, &[1, 2, 3]), Err(Error::Unsupported(_))));
     assert!(matches!(b.to_vec(), Err(Error::Unsupported(_))));
     assert!(matches!(b.fill(0), Err(Error::Unsupported(_))));
     assert!(matches!(a.cuda_context(), Err(Error::Unsupported(_))));
@@ -384,14 +345,7 @@ fn the_last_handle_returns_all_memory_to_the_device() {
     let sim_dev = Arc::clone(a.sim_device().unwrap());
     let b = a.alloc(100 * MIB, Stream::DEFAULT).unwrap();
     drop(a);
-    assert!(
-        sim_dev.used() > 0,
-        "a live buffer keeps the allocator alive"
-    );
+    assert!(sim_dev.used() > 0, "a live buffer keeps the allocator alive");
     drop(b);
-    assert_eq!(
-        sim_dev.used(),
-        0,
-        "dropping the last buffer released the cache"
-    );
+    assert_eq!(sim_dev.used(), 0, "dropping the last buffer released the cache");
 }

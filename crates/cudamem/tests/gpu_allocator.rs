@@ -72,11 +72,7 @@ impl Soft {
         }
     }
     fn finish(self) {
-        assert!(
-            self.0.is_empty(),
-            "soft checks failed:\n  {}",
-            self.0.join("\n  ")
-        );
+        assert!(self.0.is_empty(), "soft checks failed:\n  {}", self.0.join("\n  "));
     }
 }
 
@@ -155,11 +151,7 @@ fn allocations_are_real_and_usable_from_1_byte_to_256_mib() {
         bufs.push((b, want));
     }
     for (b, want) in &bufs {
-        assert_same(
-            &b.to_vec().unwrap(),
-            want,
-            &format!("{} B still intact", b.len()),
-        );
+        assert_same(&b.to_vec().unwrap(), want, &format!("{} B still intact", b.len()));
     }
     // fill (cuMemsetD8Async on the buffer's stream) and partial copies.
     for (b, _) in bufs.iter_mut() {
@@ -231,10 +223,7 @@ fn cache_hits_make_no_new_cuda_allocations() {
         device_allocs(&before),
         "every allocation after the warm-up is a cache hit"
     );
-    assert_eq!(
-        after.frees, before.frees,
-        "nothing is returned to the device"
-    );
+    assert_eq!(after.frees, before.frees, "nothing is returned to the device");
     assert_eq!(a.memory_stats()["num_device_alloc"], num_alloc);
     a.check_invariants().unwrap();
 }
@@ -266,10 +255,7 @@ fn empty_cache_returns_to_the_device_what_the_stats_say() {
     soft.check(a.memory_reserved() == 0, "nothing stays reserved");
     soft.check(
         (seen - released as i64).unsigned_abs() <= slack,
-        format!(
-            "used memory fell by what the stats released (±{} MiB)",
-            slack >> 20
-        ),
+        format!("used memory fell by what the stats released (±{} MiB)", slack >> 20),
     );
     a.check_invariants().unwrap();
     soft.finish();
@@ -307,10 +293,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
             drop(other);
             a.synchronize().unwrap();
             rounds *= 4;
-            assert!(
-                rounds <= 2048,
-                "stream B's work always finished within microseconds"
-            );
+            assert!(rounds <= 2048, "stream B's work always finished within microseconds");
             continue;
         }
         assert_eq!(pending, 1, "the freed block waits for stream B");
@@ -356,10 +339,7 @@ fn out_of_memory_is_typed_and_the_allocator_keeps_working() {
         panic!("expected AllocError::OutOfMemory, got {err:?}")
     };
     let msg = o.pytorch_message();
-    assert!(
-        msg.starts_with("CUDA out of memory. Tried to allocate "),
-        "{msg}"
-    );
+    assert!(msg.starts_with("CUDA out of memory. Tried to allocate "), "{msg}");
     assert!(msg.contains("GPU 0 has a total capacity of "), "{msg}");
     assert_eq!(o.total, total);
     assert_eq!(a.memory_stats()["num_ooms"], 1);
@@ -411,9 +391,7 @@ fn out_of_memory_is_typed_and_the_allocator_keeps_working() {
     // 3. Free half: allocations succeed again, and the memory is usable.
     let half = held.len() / 2;
     held.truncate(half);
-    let mut b = a
-        .alloc(GIB, Stream::DEFAULT)
-        .expect("allocation after freeing");
+    let mut b = a.alloc(GIB, Stream::DEFAULT).expect("allocation after freeing");
     b.fill(7).unwrap();
     let mut probe = [0u8; 16];
     b.copy_to_host(GIB - 16, &mut probe).unwrap();
@@ -457,10 +435,7 @@ fn expandable_segments_map_and_unmap_real_pages() {
         (free0 as f64 - free1 as f64) / MIB as f64,
         cuda.mappings().iter().map(|(p, s)| format!("{p:#x}+{}MiB", s >> 20)).collect::<Vec<_>>()
     );
-    assert_eq!(
-        c1.mallocs, c0.mallocs,
-        "no cuMemAlloc with expandable segments"
-    );
+    assert_eq!(c1.mallocs, c0.mallocs, "no cuMemAlloc with expandable segments");
     assert!(c1.maps > c0.maps);
     soft.check(
         (free0 as i64 - free1 as i64 - reserved1 as i64).unsigned_abs() <= slack,
@@ -492,11 +467,7 @@ fn expandable_segments_map_and_unmap_real_pages() {
     );
     let want2 = pattern(b2.len(), 4);
     b2.copy_from_host(0, &want2).unwrap();
-    assert_same(
-        &b1.to_vec().unwrap(),
-        &want1,
-        "b1 intact after the segment grew",
-    );
+    assert_same(&b1.to_vec().unwrap(), &want1, "b1 intact after the segment grew");
     assert_same(&b2.to_vec().unwrap(), &want2, "b2 read back");
     // A copy spanning the boundary between b1's and b2's pages, read through raw memory.
     let mut edge = vec![0u8; 2 * g];
@@ -507,11 +478,7 @@ fn expandable_segments_map_and_unmap_real_pages() {
         // live buffers with no work pending (the copies above synchronised their stream).
         unsafe { cuda.copy_from_device(&mut edge, start) }.unwrap();
     }
-    assert_same(
-        &edge[..g],
-        &want1[100 * MIB - g..],
-        "b1's tail through a raw copy",
-    );
+    assert_same(&edge[..g], &want1[100 * MIB - g..], "b1's tail through a raw copy");
     assert_same(&edge[g..], &want2[..g], "b2's head through a raw copy");
 
     // Small pool: 2 MiB pages.
@@ -523,13 +490,7 @@ fn expandable_segments_map_and_unmap_real_pages() {
         c2.maps - c_small.maps,
         c2.pages_mapped - c_small.pages_mapped
     );
-    assert_eq!(
-        (
-            c2.maps - c_small.maps,
-            c2.pages_mapped - c_small.pages_mapped
-        ),
-        (1, 1)
-    );
+    assert_eq!((c2.maps - c_small.maps, c2.pages_mapped - c_small.pages_mapped), (1, 1));
     drop(small);
 
     // Free and release: pages are unmapped and the memory is back.
@@ -549,13 +510,9 @@ fn expandable_segments_map_and_unmap_real_pages() {
     );
     assert_eq!(a.memory_reserved(), 0);
     assert_eq!(cuda.mapped_bytes(), 0, "every mapping was unmapped");
-    assert_eq!(
-        c3.pages_unmapped - c0.pages_unmapped,
-        c3.pages_mapped - c0.pages_mapped
-    );
+    assert_eq!(c3.pages_unmapped - c0.pages_unmapped, c3.pages_mapped - c0.pages_mapped);
     soft.check(
-        (free_after as i64 - free_before_empty as i64 - reserved_full as i64).unsigned_abs()
-            <= slack,
+        (free_after as i64 - free_before_empty as i64 - reserved_full as i64).unsigned_abs() <= slack,
         format!(
             "free memory rose by the unmapped amount ({:.0} MiB)",
             mib(reserved_full)
@@ -581,13 +538,8 @@ fn cudarc_views_use_the_buffer_in_place_and_are_stream_ordered() {
     {
         let mut view = buf.cuda_slice_zeroed::<u32>(&stream).unwrap();
         assert_eq!(view.len(), n);
-        assert!(
-            stream.clone_dtoh(&view).unwrap().iter().all(|&x| x == 0),
-            "zeroed"
-        );
-        let host: Vec<u32> = (0..n as u32)
-            .map(|i| i.wrapping_mul(2_654_435_761))
-            .collect();
+        assert!(stream.clone_dtoh(&view).unwrap().iter().all(|&x| x == 0), "zeroed");
+        let host: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
         stream.memcpy_htod(&host, &mut view).unwrap();
         let (p, sync) = view.device_ptr(&stream);
         assert_eq!(p, ptr, "the view is the buffer's memory, not a copy");
@@ -596,14 +548,8 @@ fn cudarc_views_use_the_buffer_in_place_and_are_stream_ordered() {
     }
     // The data is in the cudamem buffer itself.
     let bytes = buf.to_vec().unwrap();
-    assert_eq!(
-        u32::from_le_bytes(bytes[4..8].try_into().unwrap()),
-        2_654_435_761
-    );
-    eprintln!(
-        "  cudarc memcpy_htod/clone_dtoh through a view of {:#x}: ok",
-        ptr
-    );
+    assert_eq!(u32::from_le_bytes(bytes[4..8].try_into().unwrap()), 2_654_435_761);
+    eprintln!("  cudarc memcpy_htod/clone_dtoh through a view of {:#x}: ok", ptr);
 
     // Stream ordering across streams: a view on another stream queues long work, then ends;
     // the buffer is dropped and its block handed out again on the buffer's stream A, where a

@@ -163,12 +163,18 @@ impl SimDevice {
     pub fn new(config: SimConfig) -> Self {
         let mut state = SimState::default();
         state.va_free.insert(va_base(config.index), VA_SIZE);
-        SimDevice { config, state: Mutex::new(state) }
+        SimDevice {
+            config,
+            state: Mutex::new(state),
+        }
     }
 
     /// A simulated device of `capacity` bytes, other settings default.
     pub fn with_capacity(capacity: u64) -> Self {
-        Self::new(SimConfig { capacity, ..SimConfig::default() })
+        Self::new(SimConfig {
+            capacity,
+            ..SimConfig::default()
+        })
     }
 
     /// The settings this device was made with.
@@ -274,7 +280,9 @@ impl SimDevice {
 
     /// Removes `[addr, addr+size)` from the free address space if it lies inside one free range.
     fn carve(s: &mut SimState, addr: u64, size: u64) -> bool {
-        let Some((&start, &len)) = s.va_free.range(..=addr).next_back() else { return false };
+        let Some((&start, &len)) = s.va_free.range(..=addr).next_back() else {
+            return false;
+        };
         if addr + size > start + len {
             return false;
         }
@@ -341,8 +349,7 @@ impl Device for SimDevice {
         if size == 0 || s.used.checked_add(size).is_none_or(|u| u > self.config.capacity) {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
-        let ptr = Self::take_va(&mut s, size, MALLOC_ALIGN)
-            .ok_or(DeviceError::OutOfMemory { requested: size })?;
+        let ptr = Self::take_va(&mut s, size, MALLOC_ALIGN).ok_or(DeviceError::OutOfMemory { requested: size })?;
         s.used += size;
         s.segments.insert(ptr, size);
         s.counters.mallocs += 1;
@@ -383,7 +390,13 @@ impl Device for SimDevice {
             call: "cuMemAddressReserve",
             name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         })?;
-        s.reservations.insert(ptr, Reservation { size, mappings: BTreeMap::new() });
+        s.reservations.insert(
+            ptr,
+            Reservation {
+                size,
+                mappings: BTreeMap::new(),
+            },
+        );
         Ok(ptr)
     }
 
@@ -419,9 +432,15 @@ impl Device for SimDevice {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
         let r = Self::reservation_of(&mut s, ptr, size)?;
-        let overlap = r.mappings.range(..ptr + size).next_back().is_some_and(|(&a, &l)| a + l > ptr);
+        let overlap = r
+            .mappings
+            .range(..ptr + size)
+            .next_back()
+            .is_some_and(|(&a, &l)| a + l > ptr);
         if overlap {
-            return Err(DeviceError::InvalidArgument(format!("[{ptr:#x}, +{size}) overlaps a mapping")));
+            return Err(DeviceError::InvalidArgument(format!(
+                "[{ptr:#x}, +{size}) overlaps a mapping"
+            )));
         }
         r.mappings.insert(ptr, size);
         s.used += size;
@@ -584,7 +603,10 @@ mod tests {
 
     #[test]
     fn manual_events_complete_when_told() {
-        let d = SimDevice::new(SimConfig { event_mode: EventMode::Manual, ..SimConfig::default() });
+        let d = SimDevice::new(SimConfig {
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        });
         let s1 = StreamId(7);
         let e1 = d.record_event(s1).unwrap();
         let e2 = d.record_event(StreamId(8)).unwrap();

@@ -10,18 +10,28 @@ use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
 use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
 
-const TRACES: &[&str] = &["gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"];
+const TRACES: &[&str] = &[
+    "gpt2_train",
+    "resnet50_train",
+    "bert_varlen_infer",
+    "multistream_prefetch",
+];
 
 fn replay(c: &mut Criterion) {
     let mut g = c.benchmark_group("replay");
     g.sample_size(20);
     for name in TRACES {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(format!("{name}.pickle.gz"));
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/data")
+            .join(format!("{name}.pickle.gz"));
         let trace = cudamem_trace::read_path(&path).unwrap();
         let p = Program::compile(&trace.devices[0]);
         g.throughput(Throughput::Elements(p.trace_ops));
         for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
-            let opts = ReplayOptions { policy: policy.into(), ..ReplayOptions::default() };
+            let opts = ReplayOptions {
+                policy: policy.into(),
+                ..ReplayOptions::default()
+            };
             let cfg = effective_config(&trace, &opts).unwrap();
             let mut slots = vec![0u64; p.slots as usize];
             g.bench_function(format!("{name}/{policy}"), |b| {
@@ -41,7 +51,13 @@ fn replay(c: &mut Criterion) {
 
 fn pair(c: &mut Criterion) {
     let mut g = c.benchmark_group("cache_hit_pair");
-    for (label, size) in [("512B", 512u64), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("16MiB", 16 << 20), ("64MiB", 64 << 20)] {
+    for (label, size) in [
+        ("512B", 512u64),
+        ("64KiB", 64 << 10),
+        ("1MiB", 1 << 20),
+        ("16MiB", 16 << 20),
+        ("64MiB", 64 << 20),
+    ] {
         for policy in ["pytorch", "cudamem"] {
             let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(SimDevice::default());
             let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
@@ -70,7 +86,11 @@ fn history(c: &mut Criterion) {
             a.record_memory_history(true, RecordContext::All, 100_000);
         }
         let frames: Vec<Frame> = (0..3)
-            .map(|i| Frame { name: format!("f{i}"), filename: "model.py".into(), line: 10 + i })
+            .map(|i| Frame {
+                name: format!("f{i}"),
+                filename: "model.py".into(),
+                line: 10 + i,
+            })
             .collect();
         g.bench_function(format!("512B_pair/{mode}"), |b| {
             b.iter(|| {

@@ -101,9 +101,13 @@ impl Memory for Gpu {
         // within a block of at least `len` bytes), no other work uses it, and `stream` is a
         // stream of this device's context (created by `create_stream`).
         unsafe {
-            self.dev.memset_async(ptr, fill_byte(id), len, stream).map_err(|e| e.to_string())?;
+            self.dev
+                .memset_async(ptr, fill_byte(id), len, stream)
+                .map_err(|e| e.to_string())?;
             for k in 0..len.min(8) {
-                self.dev.memset_async(ptr + k, expected(id, k), 1, stream).map_err(|e| e.to_string())?;
+                self.dev
+                    .memset_async(ptr + k, expected(id, k), 1, stream)
+                    .map_err(|e| e.to_string())?;
             }
         }
         Ok(())
@@ -129,13 +133,16 @@ impl Memory for Gpu {
             checked += n;
             if let Some(i) = (0..n).find(|&i| self.buf[i as usize] != expected(id, off + i)) {
                 let at = off + i;
-                return Ok((checked, Some(format!(
-                    "allocation #{id} [{ptr:#x}, +{len}) on stream {:#x}: byte {at} is {:#04x}, expected {:#04x} \
+                return Ok((
+                    checked,
+                    Some(format!(
+                        "allocation #{id} [{ptr:#x}, +{len}) on stream {:#x}: byte {at} is {:#04x}, expected {:#04x} \
                      (another allocation's pattern: overlap or premature reuse)",
-                    stream.0,
-                    self.buf[i as usize],
-                    expected(id, at)
-                ))));
+                        stream.0,
+                        self.buf[i as usize],
+                        expected(id, at)
+                    )),
+                ));
             }
         }
         Ok((checked, None))
@@ -153,7 +160,9 @@ impl Memory for Shadow {
         let end = ptr + len;
         if let Some((&q, &(qend, qid))) = self.owner.range(..end).next_back() {
             if qend > ptr {
-                return Err(format!("allocation #{id} [{ptr:#x}, +{len}) overlaps live #{qid} at {q:#x}"));
+                return Err(format!(
+                    "allocation #{id} [{ptr:#x}, +{len}) overlaps live #{qid} at {q:#x}"
+                ));
             }
         }
         self.owner.insert(ptr, (end, id));
@@ -162,7 +171,13 @@ impl Memory for Shadow {
     fn touch(&mut self, _: DevicePtr, _: u64, _: u64, _: StreamId) -> Result<(), String> {
         Ok(())
     }
-    fn verify(&mut self, ptr: DevicePtr, len: u64, id: u64, _stream: StreamId) -> Result<(u64, Option<String>), String> {
+    fn verify(
+        &mut self,
+        ptr: DevicePtr,
+        len: u64,
+        id: u64,
+        _stream: StreamId,
+    ) -> Result<(u64, Option<String>), String> {
         let ok = self.owner.get(&ptr) == Some(&(ptr + len, id));
         let n = samples(len).iter().map(|s| s.1).sum();
         Ok((n, (!ok).then(|| format!("allocation #{id} at {ptr:#x}: shadow lost"))))
@@ -270,7 +285,12 @@ fn pass(
                         mem.fill(ptr, size, *next_id, s)?;
                         t.allocations += 1;
                         t.bytes_written += size;
-                        slots[slot as usize] = Some(Live { ptr, len: size, id: *next_id, stream: s });
+                        slots[slot as usize] = Some(Live {
+                            ptr,
+                            len: size,
+                            id: *next_id,
+                            stream: s,
+                        });
                     }
                     Err(e) if e.is_out_of_memory() => t.ooms += 1,
                     Err(e) => return Err(format!("malloc({size}): {e}")),
@@ -278,12 +298,17 @@ fn pass(
             }
             Op::Free { slot, deferred } => {
                 t.ops += 1;
-                let Some(live) = slots[slot as usize].take() else { continue };
+                let Some(live) = slots[slot as usize].take() else {
+                    continue;
+                };
                 check(&live, mem, t)?;
                 if deferred.is_some() && streams.len() > 1 {
-                    let other = streams[(streams.iter().position(|&x| x == live.stream).unwrap_or(0) + 1) % streams.len()];
+                    let other =
+                        streams[(streams.iter().position(|&x| x == live.stream).unwrap_or(0) + 1) % streams.len()];
                     mem.touch(live.ptr, live.len, live.id, other)?;
-                    alloc.record_stream(live.ptr, other).map_err(|e| format!("record_stream: {e}"))?;
+                    alloc
+                        .record_stream(live.ptr, other)
+                        .map_err(|e| format!("record_stream: {e}"))?;
                     t.deferred_frees += 1;
                 }
                 mem.forget(live.ptr);
@@ -301,7 +326,10 @@ fn pass(
     alloc.empty_cache().map_err(|e| format!("empty_cache: {e}"))?;
     alloc.check_invariants().map_err(|e| format!("invariants: {e}"))?;
     if alloc.memory_reserved() != 0 {
-        return Err(format!("{} bytes still reserved after freeing everything", alloc.memory_reserved()));
+        return Err(format!(
+            "{} bytes still reserved after freeing everything",
+            alloc.memory_reserved()
+        ));
     }
     t.passes += 1;
     Ok(())
@@ -320,38 +348,53 @@ fn main() -> ExitCode {
     };
     let require = std::env::var("CUDAMEM_REQUIRE_GPU").is_ok_and(|v| v == "1");
     // The device, its streams and the pattern memory.
-    let (device, streams, mut mem, gpu): Setup =
-        if args.device == "sim" {
-            let sim: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig::default()));
-            (sim, (1..=args.streams as u64).map(StreamId).collect(), Box::new(Shadow::default()), None)
-        } else {
-            let ordinal: i32 = match args.device.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-                Some(n) => n,
-                None => {
-                    eprintln!("gpu_pattern_replay: unknown device '{}' (use cuda:N or sim)", args.device);
-                    return ExitCode::from(2);
-                }
-            };
-            let dev = match CudaDevice::new(ordinal) {
-                Ok(d) => Arc::new(d),
+    let (device, streams, mut mem, gpu): Setup = if args.device == "sim" {
+        let sim: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig::default()));
+        (
+            sim,
+            (1..=args.streams as u64).map(StreamId).collect(),
+            Box::new(Shadow::default()),
+            None,
+        )
+    } else {
+        let ordinal: i32 = match args.device.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+            Some(n) => n,
+            None => {
+                eprintln!(
+                    "gpu_pattern_replay: unknown device '{}' (use cuda:N or sim)",
+                    args.device
+                );
+                return ExitCode::from(2);
+            }
+        };
+        let dev = match CudaDevice::new(ordinal) {
+            Ok(d) => Arc::new(d),
+            Err(e) => {
+                println!("SKIPPED: no CUDA device ({e})");
+                return if require { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            }
+        };
+        let mut streams = Vec::new();
+        for _ in 0..args.streams {
+            match dev.create_stream(true) {
+                Ok(s) => streams.push(s),
                 Err(e) => {
-                    println!("SKIPPED: no CUDA device ({e})");
-                    return if require { ExitCode::from(2) } else { ExitCode::SUCCESS };
-                }
-            };
-            let mut streams = Vec::new();
-            for _ in 0..args.streams {
-                match dev.create_stream(true) {
-                    Ok(s) => streams.push(s),
-                    Err(e) => {
-                        eprintln!("gpu_pattern_replay: cuStreamCreate: {e}");
-                        return ExitCode::FAILURE;
-                    }
+                    eprintln!("gpu_pattern_replay: cuStreamCreate: {e}");
+                    return ExitCode::FAILURE;
                 }
             }
-            let d: Arc<dyn Device> = dev.clone();
-            (d, streams, Box::new(Gpu { dev: dev.clone(), buf: Vec::new() }), Some(dev))
-        };
+        }
+        let d: Arc<dyn Device> = dev.clone();
+        (
+            d,
+            streams,
+            Box::new(Gpu {
+                dev: dev.clone(),
+                buf: Vec::new(),
+            }),
+            Some(dev),
+        )
+    };
     println!(
         "gpu_pattern_replay on {} ({} bytes), {} streams, policies {}, at least {} ops",
         device.name(),
@@ -363,7 +406,10 @@ fn main() -> ExitCode {
 
     // The traces, compiled once.
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&args.traces) {
-        Ok(d) => d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().ends_with(".pickle.gz")).collect(),
+        Ok(d) => d
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().ends_with(".pickle.gz"))
+            .collect(),
         Err(e) => {
             eprintln!("gpu_pattern_replay: {}: {e}", args.traces.display());
             return ExitCode::from(2);
@@ -380,7 +426,11 @@ fn main() -> ExitCode {
             }
         };
         for policy in &args.policies {
-            let opts = ReplayOptions { policy: policy.clone(), repeats: 0, ..ReplayOptions::default() };
+            let opts = ReplayOptions {
+                policy: policy.clone(),
+                repeats: 0,
+                ..ReplayOptions::default()
+            };
             let cfg = match effective_config(&trace, &opts) {
                 Ok(c) => c,
                 Err(e) => {
@@ -463,7 +513,11 @@ fn main() -> ExitCode {
         t.bytes_verified,
         t.mismatches,
         t.ooms,
-        if leaks.is_empty() { String::new() } else { format!("; LEAKS: {}", leaks.join(", ")) }
+        if leaks.is_empty() {
+            String::new()
+        } else {
+            format!("; LEAKS: {}", leaks.join(", "))
+        }
     );
     if t.mismatches > 0 || !leaks.is_empty() {
         println!("FAIL");

@@ -11,13 +11,21 @@ use cudamem_replay::{replay, ReplayOptions};
 fn main() {
     let mut paths: Vec<PathBuf> = std::env::args().skip(1).map(PathBuf::from).collect();
     if paths.is_empty() {
-        for n in ["gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"] {
+        for n in [
+            "gpt2_train",
+            "resnet50_train",
+            "bert_varlen_infer",
+            "multistream_prefetch",
+        ] {
             paths.push(PathBuf::from(format!("tests/data/{n}.pickle.gz")));
         }
     }
     let gpu = cudamem_cuda::is_available();
     if !gpu {
-        println!("SKIPPED cuda:0 columns: no CUDA device ({})", cudamem_cuda::unavailable_reason().unwrap_or_default());
+        println!(
+            "SKIPPED cuda:0 columns: no CUDA device ({})",
+            cudamem_cuda::unavailable_reason().unwrap_or_default()
+        );
     }
     println!("| trace | policy | sim peak reserved | cuda:0 peak reserved | sim dev allocs | cuda:0 dev allocs | agree | sim ns/op (warm) | cuda:0 ns/op (warm) |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -39,13 +47,27 @@ fn main() {
             let s = replay(&trace, &base).expect("sim replay");
             let sd = &s.devices[0];
             let (cp, ca, cns, agree) = if gpu {
-                let c = replay(&trace, &ReplayOptions { device: "cuda:0".into(), ..base.clone() }).expect("cuda replay");
+                let c = replay(
+                    &trace,
+                    &ReplayOptions {
+                        device: "cuda:0".into(),
+                        ..base.clone()
+                    },
+                )
+                .expect("cuda replay");
                 let cd = &c.devices[0];
-                let agree = cd.peak_reserved_bytes == sd.peak_reserved_bytes && cd.device_allocs == sd.device_allocs && cd.ooms == 0;
+                let agree = cd.peak_reserved_bytes == sd.peak_reserved_bytes
+                    && cd.device_allocs == sd.device_allocs
+                    && cd.ooms == 0;
                 if !agree {
                     disagreements += 1;
                 }
-                (cd.peak_reserved_bytes.to_string(), cd.device_allocs.to_string(), format!("{:.1}", cd.replay_ns_per_op), agree.to_string())
+                (
+                    cd.peak_reserved_bytes.to_string(),
+                    cd.device_allocs.to_string(),
+                    format!("{:.1}", cd.replay_ns_per_op),
+                    agree.to_string(),
+                )
             } else {
                 ("n/a".into(), "n/a".into(), "n/a".into(), "n/a".into())
             };

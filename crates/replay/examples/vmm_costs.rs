@@ -10,7 +10,10 @@ use cudamem_replay::{replay, ReplayOptions};
 
 fn main() {
     if !cudamem_cuda::is_available() {
-        println!("SKIPPED: no CUDA device ({})", cudamem_cuda::unavailable_reason().unwrap_or_default());
+        println!(
+            "SKIPPED: no CUDA device ({})",
+            cudamem_cuda::unavailable_reason().unwrap_or_default()
+        );
         return;
     }
     let dev = cudamem_cuda::CudaDevice::new(0).expect("cuda:0");
@@ -37,17 +40,39 @@ fn main() {
         dev.unmap(va, n * g).unwrap();
         let unone = t.elapsed().as_secs_f64() * 1e6;
         dev.release_reservation(va, n * g * 2).unwrap();
-        println!("| {n} | {per:.0} | {:.1} | {one:.0} | {unper:.0} | {unone:.0} |", per / n as f64);
+        println!(
+            "| {n} | {per:.0} | {:.1} | {one:.0} | {unper:.0} | {unone:.0} |",
+            per / n as f64
+        );
     }
     println!();
     println!("| trace | policy | cold pass ms (maps included) | warm pass ms | device maps | ops |");
     println!("|---|---|---:|---:|---:|---:|");
-    for name in ["gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"] {
+    for name in [
+        "gpt2_train",
+        "resnet50_train",
+        "bert_varlen_infer",
+        "multistream_prefetch",
+    ] {
         let trace = cudamem_trace::read_path(std::path::Path::new(&format!("tests/data/{name}.pickle.gz"))).unwrap();
         for policy in ["pytorch", "pytorch-expandable", "cudamem", "cudamem-compact"] {
-            let o = ReplayOptions { policy: policy.into(), device: "cuda:0".into(), repeats: 0, deferred_frees: false, ..ReplayOptions::default() };
+            let o = ReplayOptions {
+                policy: policy.into(),
+                device: "cuda:0".into(),
+                repeats: 0,
+                deferred_frees: false,
+                ..ReplayOptions::default()
+            };
             let cold = replay(&trace, &o).unwrap();
-            let warm = replay(&trace, &ReplayOptions { repeats: 3, warm: true, ..o.clone() }).unwrap();
+            let warm = replay(
+                &trace,
+                &ReplayOptions {
+                    repeats: 3,
+                    warm: true,
+                    ..o.clone()
+                },
+            )
+            .unwrap();
             let d = &cold.devices[0];
             println!(
                 "| {name} | {policy} | {:.1} | {:.1} | {} | {} |",

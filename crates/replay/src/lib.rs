@@ -29,4 +29,7 @@ mod program;
 mod run;
 
 pub use program::{Op, Program};
-pub use run::{effective_config, fit, new_allocator, replay, replay_device, run_once, DeviceResult, ReplayOptions, ReplayResult, Target};
+pub use run::{
+    effective_config, fit, new_allocator, replay, replay_device, run_once, DeviceResult, ReplayOptions, ReplayResult,
+    Target,
+};

@@ -64,7 +64,11 @@ impl Program {
     /// Compiles one device's events.
     pub fn compile(dt: &DeviceTrace) -> Program {
         let ev = &dt.events;
-        let mut p = Program { device: dt.device, deferred_frees: true, ..Program::default() };
+        let mut p = Program {
+            device: dt.device,
+            deferred_frees: true,
+            ..Program::default()
+        };
         let mut live: HashMap<u64, u32> = HashMap::new();
         // Deferred frees waiting for their free_completed: address -> replay stream.
         let mut pending: HashMap<u64, u32> = HashMap::new();
@@ -80,7 +84,11 @@ impl Program {
                     let slot = p.slots;
                     p.slots += 1;
                     live.insert(e.addr, slot);
-                    p.ops.push(Op::Malloc { size: e.size, stream: e.stream, slot });
+                    p.ops.push(Op::Malloc {
+                        size: e.size,
+                        stream: e.stream,
+                        slot,
+                    });
                     p.trace_ops += 1;
                 }
                 Action::FreeRequested => {
@@ -98,7 +106,10 @@ impl Program {
                         let s = p.deferred_streams;
                         p.deferred_streams += 1;
                         pending.insert(e.addr, s);
-                        p.ops.push(Op::Free { slot, deferred: Some(s) });
+                        p.ops.push(Op::Free {
+                            slot,
+                            deferred: Some(s),
+                        });
                     }
                 }
                 Action::FreeCompleted => {

@@ -175,17 +175,29 @@ fn open_real(name: &str, p: &Program) -> Result<Target, String> {
     for op in &p.ops {
         if let Op::Malloc { stream, .. } = op {
             if !streams.iter().any(|(t, _)| t == stream) {
-                let real = if *stream == 0 { StreamId(0) } else { dev.create_stream(true).map_err(|e| e.to_string())? };
+                let real = if *stream == 0 {
+                    StreamId(0)
+                } else {
+                    dev.create_stream(true).map_err(|e| e.to_string())?
+                };
                 streams.push((*stream, real));
             }
         }
     }
-    Ok(Target::Real { device: Arc::new(dev), streams })
+    Ok(Target::Real {
+        device: Arc::new(dev),
+        streams,
+    })
 }
 
 /// A fresh device and allocator for replaying `p` (benchmarks build their own runs from this
 /// and [`run_once`]).
-pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, plan: bool) -> Result<(Target, CachingAllocator), String> {
+pub fn new_allocator(
+    p: &Program,
+    cfg: &AllocatorConfig,
+    opts: &ReplayOptions,
+    plan: bool,
+) -> Result<(Target, CachingAllocator), String> {
     let target = if opts.device == "sim" {
         let sim = Arc::new(SimDevice::new(SimConfig {
             index: p.device,
@@ -206,7 +218,13 @@ pub fn new_allocator(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, p
 
 /// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if `capture`).
 /// `slots` must have `p.slots` entries; allocations still live at the end stay in `slots`.
-pub fn run_once(p: &Program, e: &mut Engine, target: &Target, slots: &mut [u64], capture: bool) -> (u64, u64, Option<DeviceStats>) {
+pub fn run_once(
+    p: &Program,
+    e: &mut Engine,
+    target: &Target,
+    slots: &mut [u64],
+    capture: bool,
+) -> (u64, u64, Option<DeviceStats>) {
     slots.iter_mut().for_each(|s| *s = 0);
     let sim = match target {
         Target::Sim(s) if p.deferred_frees => Some(&**s),
@@ -261,11 +279,19 @@ fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
 }
 
 /// Replays one compiled device trace.
-pub fn replay_device(p: &Program, cfg: &AllocatorConfig, opts: &ReplayOptions, trace_own_settings: bool) -> Result<DeviceResult, String> {
+pub fn replay_device(
+    p: &Program,
+    cfg: &AllocatorConfig,
+    opts: &ReplayOptions,
+    trace_own_settings: bool,
+) -> Result<DeviceResult, String> {
     let mut p = p.clone();
     p.deferred_frees = opts.deferred_frees;
     let p = &p;
-    let plan = opts.device == "sim" && opts.plan_addresses.unwrap_or(trace_own_settings && opts.policy == "pytorch");
+    let plan = opts.device == "sim"
+        && opts
+            .plan_addresses
+            .unwrap_or(trace_own_settings && opts.policy == "pytorch");
     let mut slots = vec![0u64; p.slots as usize];
     let (target, alloc) = new_allocator(p, cfg, opts, plan)?;
     let (ns, ooms, peak) = {
@@ -330,9 +356,19 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, Strin
     }
     let mut config = cfg.settings.clone();
     if opts.policy == "pytorch-expandable" && !config.contains("expandable_segments") {
-        config = if config.is_empty() { "expandable_segments:True".into() } else { format!("{config},expandable_segments:True") };
+        config = if config.is_empty() {
+            "expandable_segments:True".into()
+        } else {
+            format!("{config},expandable_segments:True")
+        };
     }
-    Ok(ReplayResult { trace: trace.source.clone(), policy: opts.policy.clone(), config, capacity: opts.capacity, devices })
+    Ok(ReplayResult {
+        trace: trace.source.clone(),
+        policy: opts.policy.clone(),
+        config,
+        capacity: opts.capacity,
+        devices,
+    })
 }
 
 /// The smallest capacity (a multiple of 2 MiB) on which every device of the trace replays
@@ -344,13 +380,24 @@ pub fn fit(trace: &Trace, opts: &ReplayOptions) -> Result<u64, String> {
     if opts.device != "sim" {
         return Err("fit searches capacities of the simulated GPU: use --device sim".into());
     }
-    let base = ReplayOptions { repeats: 0, capacity: H200_CAPACITY, plan_addresses: Some(false), ..opts.clone() };
+    let base = ReplayOptions {
+        repeats: 0,
+        capacity: H200_CAPACITY,
+        plan_addresses: Some(false),
+        ..opts.clone()
+    };
     let full = replay(trace, &base)?;
     if full.total(|d| d.ooms) > 0 {
         return Err(format!("{} does not fit even in {} bytes", trace.source, H200_CAPACITY));
     }
     let ok = |cap: u64| -> Result<bool, String> {
-        let r = replay(trace, &ReplayOptions { capacity: cap, ..base.clone() })?;
+        let r = replay(
+            trace,
+            &ReplayOptions {
+                capacity: cap,
+                ..base.clone()
+            },
+        )?;
         Ok(r.total(|d| d.ooms) == 0)
     };
     let mut lo = full.max(|d| d.peak_requested_bytes) / STEP; // lo*STEP: assumed too small

@@ -159,10 +159,17 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
         event_mode: EventMode::Manual,
         ..SimConfig::default()
     }));
-    let dev = Arc::new(Counting { sim: sim.clone(), injected: Default::default(), reservations: Default::default() });
+    let dev = Arc::new(Counting {
+        sim: sim.clone(),
+        injected: Default::default(),
+        reservations: Default::default(),
+    });
     let a = CachingAllocator::with_policy(dev.clone(), cfg.clone(), policy).unwrap();
     sim.set_faults(plan);
-    let mut t = Tally { runs: 1, ..Tally::default() };
+    let mut t = Tally {
+        runs: 1,
+        ..Tally::default()
+    };
     // Per slot: (address, requested size); 0 = not live.
     let mut slots = vec![(0u64, 0u64); p.slots as usize];
     let (mut live, mut live_bytes, mut mallocs) = (0i64, 0i64, 0i64);
@@ -201,7 +208,9 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
                     live_bytes -= size as i64;
                 }
                 Op::Complete { stream } => sim.complete_stream(StreamId(DEFERRED + stream as u64)),
-                Op::EmptyCache => e.empty_cache().unwrap_or_else(|err| panic!("{what}: op {i}: empty_cache: {err}")),
+                Op::EmptyCache => e
+                    .empty_cache()
+                    .unwrap_or_else(|err| panic!("{what}: op {i}: empty_cache: {err}")),
             }
             if i % CHECK_EVERY == CHECK_EVERY - 1 {
                 invariants::check(&e).unwrap_or_else(|err| panic!("{what}: after op {i}: {err}"));
@@ -215,7 +224,11 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
         assert_eq!(s.allocation.all().allocated, mallocs, "{what}: allocations made");
         let pending = pending_requested(&mut e);
         let s = e.stats();
-        assert_eq!(s.requested_bytes.all().current - pending, live_bytes, "{what}: requested bytes");
+        assert_eq!(
+            s.requested_bytes.all().current - pending,
+            live_bytes,
+            "{what}: requested bytes"
+        );
         if policy == "pytorch" {
             let c = sim.counters();
             assert_eq!(s.num_device_alloc as u64, c.mallocs, "{what}: device allocations");
@@ -234,13 +247,21 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
         }
     }
     a.empty_cache().unwrap();
-    a.check_invariants().unwrap_or_else(|err| panic!("{what}: after draining: {err}"));
+    a.check_invariants()
+        .unwrap_or_else(|err| panic!("{what}: after draining: {err}"));
     let s = a.stats();
-    assert_eq!((s.allocation.all().current, s.active.all().current), (0, 0), "{what}: blocks left");
+    assert_eq!(
+        (s.allocation.all().current, s.active.all().current),
+        (0, 0),
+        "{what}: blocks left"
+    );
     assert_eq!(a.memory_reserved(), 0, "{what}: reserved after draining");
     assert_eq!(sim.used(), 0, "{what}: device memory after draining");
     assert_eq!(sim.live_events(), 0, "{what}: events after draining");
-    let (made, released) = (dev.reservations[0].load(Ordering::Relaxed), dev.reservations[1].load(Ordering::Relaxed));
+    let (made, released) = (
+        dev.reservations[0].load(Ordering::Relaxed),
+        dev.reservations[1].load(Ordering::Relaxed),
+    );
     // Address space too (an expandable segment whose first growth failed kept its reservation
     // until commit 44c526c).
     assert_eq!(made, released, "{what}: address-space reservations left after draining");
@@ -260,7 +281,9 @@ fn pending_requested(e: &mut cudamem_alloc::Engine) -> i64 {
 }
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
 }
 
 /// The fault plans of a run set: random ones (fractions × seeds) and chosen points.
@@ -269,11 +292,18 @@ type Plans = Vec<(String, FaultPlan)>;
 
 fn plans() -> (Plans, Plans) {
     let all = [FaultOp::Malloc, FaultOp::Map, FaultOp::QueryEvent];
-    let seeds: &[u64] = if cfg!(debug_assertions) { &[1] } else { &[1, 0x5eed, 42, 0xfa17] };
+    let seeds: &[u64] = if cfg!(debug_assertions) {
+        &[1]
+    } else {
+        &[1, 0x5eed, 42, 0xfa17]
+    };
     let mut random = Vec::new();
     for &f in &[0.01, 0.10, 0.50] {
         for &seed in seeds {
-            random.push((format!("random {:.0}% seed {seed:#x}", f * 100.0), FaultPlan::default().fail_fraction(&all, f, seed)));
+            random.push((
+                format!("random {:.0}% seed {seed:#x}", f * 100.0),
+                FaultPlan::default().fail_fraction(&all, f, seed),
+            ));
         }
     }
     let mut nth = Vec::new();
@@ -289,7 +319,10 @@ fn plans() -> (Plans, Plans) {
     // Several chosen points at once, of every kind.
     let mut many = FaultPlan::default();
     for n in [1u64, 2, 3, 5, 8, 13, 21, 34, 55, 89] {
-        many = many.fail_nth(FaultOp::Malloc, n).fail_nth(FaultOp::Map, n).fail_nth(FaultOp::QueryEvent, n);
+        many = many
+            .fail_nth(FaultOp::Malloc, n)
+            .fail_nth(FaultOp::Map, n)
+            .fail_nth(FaultOp::QueryEvent, n);
     }
     nth.push(("malloc/map/query #1,2,3,5,...,89".into(), many));
     (random, nth)
@@ -300,15 +333,22 @@ fn fault_runs(name: &str) {
     let (random, nth) = plans();
     let mut total = Tally::default();
     for policy in POLICIES {
-        let opts = ReplayOptions { policy: policy.into(), repeats: 0, ..ReplayOptions::default() };
+        let opts = ReplayOptions {
+            policy: policy.into(),
+            repeats: 0,
+            ..ReplayOptions::default()
+        };
         let cfg = effective_config(&trace, &opts).unwrap();
         for dt in &trace.devices {
             let p = Program::compile(dt);
             // Just large enough for the trace as recorded (plus a little): OOMs come from the
             // device too, not only from the fault plan.
             let tight = (p.trace_peak_reserved + (64 << 20)).div_ceil(20 << 20) * (20 << 20);
-            let caps: &[(&str, u64)] =
-                if cfg!(debug_assertions) { &[("H200", H200_CAPACITY)] } else { &[("H200", H200_CAPACITY), ("tight", tight)] };
+            let caps: &[(&str, u64)] = if cfg!(debug_assertions) {
+                &[("H200", H200_CAPACITY)]
+            } else {
+                &[("H200", H200_CAPACITY), ("tight", tight)]
+            };
             let mut tally = Tally::default();
             for (cap_name, cap) in caps {
                 for (plan_name, plan) in &random {

@@ -8,10 +8,18 @@ use std::path::PathBuf;
 
 use cudamem_replay::{replay, ReplayOptions};
 
-const TRACES: &[&str] = &["seed_example", "gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"];
+const TRACES: &[&str] = &[
+    "seed_example",
+    "gpt2_train",
+    "resnet50_train",
+    "bert_varlen_infer",
+    "multistream_prefetch",
+];
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
 }
 
 fn live_stats(name: &str, kind: &str) -> Option<serde_json::Value> {
@@ -20,7 +28,11 @@ fn live_stats(name: &str, kind: &str) -> Option<serde_json::Value> {
 }
 
 fn opts(policy: &str) -> ReplayOptions {
-    ReplayOptions { policy: policy.into(), repeats: 0, ..ReplayOptions::default() }
+    ReplayOptions {
+        policy: policy.into(),
+        repeats: 0,
+        ..ReplayOptions::default()
+    }
 }
 
 #[test]
@@ -30,20 +42,41 @@ fn pytorch_policy_reproduces_each_traces_segment_history_exactly() {
         let r = replay(&trace, &opts("pytorch")).unwrap();
         let d = &r.devices[0];
         assert_eq!(d.ooms, 0, "{name}");
-        assert_eq!(d.peak_reserved_bytes, d.trace_peak_reserved_bytes, "{name}: peak reserved");
+        assert_eq!(
+            d.peak_reserved_bytes, d.trace_peak_reserved_bytes,
+            "{name}: peak reserved"
+        );
         assert_eq!(d.device_allocs, d.trace_device_allocs, "{name}: device allocations");
         let live = live_stats(name, "native").unwrap();
-        assert_eq!(d.peak_reserved_bytes, live["reserved_bytes.all.peak"].as_u64().unwrap(), "{name}: live peak");
-        assert_eq!(d.device_allocs, live["num_device_alloc"].as_u64().unwrap(), "{name}: live device allocs");
-        assert_eq!(d.peak_requested_bytes, live["requested_bytes.all.peak"].as_u64().unwrap(), "{name}: requested peak");
-        assert_eq!(d.peak_allocated_bytes, live["allocated_bytes.all.peak"].as_u64().unwrap(), "{name}: allocated peak");
+        assert_eq!(
+            d.peak_reserved_bytes,
+            live["reserved_bytes.all.peak"].as_u64().unwrap(),
+            "{name}: live peak"
+        );
+        assert_eq!(
+            d.device_allocs,
+            live["num_device_alloc"].as_u64().unwrap(),
+            "{name}: live device allocs"
+        );
+        assert_eq!(
+            d.peak_requested_bytes,
+            live["requested_bytes.all.peak"].as_u64().unwrap(),
+            "{name}: requested peak"
+        );
+        assert_eq!(
+            d.peak_allocated_bytes,
+            live["allocated_bytes.all.peak"].as_u64().unwrap(),
+            "{name}: allocated peak"
+        );
     }
 }
 
 #[test]
 fn expandable_policy_is_within_one_percent_of_pytorchs_live_peak() {
     for name in TRACES {
-        let Some(live) = live_stats(name, "expandable") else { continue };
+        let Some(live) = live_stats(name, "expandable") else {
+            continue;
+        };
         let trace = cudamem_trace::read_path(&data(&format!("{name}.pickle.gz"))).unwrap();
         let r = replay(&trace, &opts("pytorch-expandable")).unwrap();
         let got = r.devices[0].peak_reserved_bytes as f64;
@@ -57,7 +90,11 @@ fn deferred_frees_wait_for_their_free_completed() {
     // multistream_prefetch has record_stream'ed inputs whose frees complete later.
     let trace = cudamem_trace::read_path(&data("multistream_prefetch.pickle.gz")).unwrap();
     let p = cudamem_replay::Program::compile(&trace.devices[0]);
-    let deferred = p.ops.iter().filter(|o| matches!(o, cudamem_replay::Op::Free { deferred: Some(_), .. })).count();
+    let deferred = p
+        .ops
+        .iter()
+        .filter(|o| matches!(o, cudamem_replay::Op::Free { deferred: Some(_), .. }))
+        .count();
     assert!(deferred >= 50, "{deferred} deferred frees");
     let r = replay(&trace, &opts("pytorch")).unwrap();
     assert_eq!(r.devices[0].peak_reserved_bytes, r.devices[0].trace_peak_reserved_bytes);
@@ -68,7 +105,17 @@ fn a_smaller_gpu_gives_out_of_memory_and_fit_finds_the_smallest() {
     let trace = cudamem_trace::read_path(&data("resnet50_train.pickle.gz")).unwrap();
     let o = opts("pytorch");
     let cap = cudamem_replay::fit(&trace, &o).unwrap();
-    let at = |c: u64| replay(&trace, &ReplayOptions { capacity: c, plan_addresses: Some(false), ..o.clone() }).unwrap();
+    let at = |c: u64| {
+        replay(
+            &trace,
+            &ReplayOptions {
+                capacity: c,
+                plan_addresses: Some(false),
+                ..o.clone()
+            },
+        )
+        .unwrap()
+    };
     assert_eq!(at(cap).devices[0].ooms, 0, "fits at the answer");
     assert!(at(cap - (2 << 20)).devices[0].ooms > 0, "does not fit 2 MiB below");
     let peak = at(cudamem_device::sim::H200_CAPACITY).devices[0].peak_requested_bytes;

@@ -116,16 +116,29 @@ struct Live {
 /// Resolves `at` to a per-device cut: the number of events of each device to apply.
 fn cut(trace: &Trace, at: &At) -> Result<(Vec<usize>, String), String> {
     match at {
-        At::End => Ok((trace.devices.iter().map(|d| d.events.len()).collect(), "the end of the trace".into())),
+        At::End => Ok((
+            trace.devices.iter().map(|d| d.events.len()).collect(),
+            "the end of the trace".into(),
+        )),
         At::Event(n) => {
             let max = trace.devices.iter().map(|d| d.events.len()).max().unwrap_or(0);
             if max == 0 {
-                return Err(format!("{}: the trace has no events, so there is no event {n}", trace.source));
+                return Err(format!(
+                    "{}: the trace has no events, so there is no event {n}",
+                    trace.source
+                ));
             }
             if *n >= max {
-                return Err(format!("{}: event index {n} is past the last event ({})", trace.source, max - 1));
+                return Err(format!(
+                    "{}: event index {n} is past the last event ({})",
+                    trace.source,
+                    max - 1
+                ));
             }
-            Ok((trace.devices.iter().map(|d| (n + 1).min(d.events.len())).collect(), format!("after event {n}")))
+            Ok((
+                trace.devices.iter().map(|d| (n + 1).min(d.events.len())).collect(),
+                format!("after event {n}"),
+            ))
         }
         At::Annotation(name, k) => {
             let hits: Vec<_> = trace.annotations.iter().filter(|a| &a.name == name).collect();
@@ -136,7 +149,10 @@ fn cut(trace: &Trace, at: &At) -> Result<(Vec<usize>, String), String> {
                 let known = if names.is_empty() {
                     "the trace has no annotations".to_string()
                 } else {
-                    format!("known annotations: {}", names.iter().take(20).copied().collect::<Vec<_>>().join(", "))
+                    format!(
+                        "known annotations: {}",
+                        names.iter().take(20).copied().collect::<Vec<_>>().join(", ")
+                    )
                 };
                 return Err(format!(
                     "{}: no annotation named '{name}' ({known}); --at also takes an event index",
@@ -146,15 +162,26 @@ fn cut(trace: &Trace, at: &At) -> Result<(Vec<usize>, String), String> {
             let a = match k {
                 None => hits[hits.len() - 1],
                 Some(k) => *hits.get(k - 1).ok_or_else(|| {
-                    format!("{}: annotation '{name}' occurs {} times, not {k}", trace.source, hits.len())
+                    format!(
+                        "{}: annotation '{name}' occurs {} times, not {k}",
+                        trace.source,
+                        hits.len()
+                    )
                 })?,
             };
-            let counts = trace.devices.iter().map(|d| d.events.partition_point(|e| e.time_us <= a.time_us)).collect();
+            let counts = trace
+                .devices
+                .iter()
+                .map(|d| d.events.partition_point(|e| e.time_us <= a.time_us))
+                .collect();
             let which = match k {
                 None => "last".to_string(),
                 Some(k) => format!("#{k}"),
             };
-            Ok((counts, format!("annotation '{}' ({} {}, t={} us)", name, which, a.stage, a.time_us)))
+            Ok((
+                counts,
+                format!("annotation '{}' ({} {}, t={} us)", name, which, a.stage, a.time_us),
+            ))
         }
     }
 }
@@ -170,7 +197,13 @@ pub fn leaks(trace: &Trace, at: &At) -> Result<LeakReport, String> {
         for e in &d.events[..n] {
             match e.action {
                 Action::Alloc => {
-                    live.insert(e.addr, Live { size: e.size, stack: e.stack });
+                    live.insert(
+                        e.addr,
+                        Live {
+                            size: e.size,
+                            stack: e.stack,
+                        },
+                    );
                 }
                 // The guard closes the allocation; a free that closes none is counted.
                 Action::FreeRequested if live.remove(&e.addr).is_none() => unmatched += 1,
@@ -196,7 +229,9 @@ pub fn leaks(trace: &Trace, at: &At) -> Result<LeakReport, String> {
         for s in &trace.segments {
             let ev = by_events.iter().find(|(d, _)| *d == s.device).map(|(_, m)| m);
             for b in s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated) {
-                let stack = b.stack.or_else(|| ev.and_then(|m| m.get(&b.address)).and_then(|l| l.stack));
+                let stack = b
+                    .stack
+                    .or_else(|| ev.and_then(|m| m.get(&b.address)).and_then(|l| l.stack));
                 add(s.device, stack, b.address, b.requested_size);
             }
         }
@@ -211,15 +246,20 @@ pub fn leaks(trace: &Trace, at: &At) -> Result<LeakReport, String> {
     }
     let mut groups: Vec<LeakGroup> = groups
         .into_iter()
-        .map(|((device, stack), (count, bytes, example_address, example_size))| LeakGroup {
-            device,
-            stack,
-            frames: stack.and_then(|id| trace.stacks.get(id as usize)).map(|s| s.frames.clone()).unwrap_or_default(),
-            count,
-            bytes,
-            example_address,
-            example_size,
-        })
+        .map(
+            |((device, stack), (count, bytes, example_address, example_size))| LeakGroup {
+                device,
+                stack,
+                frames: stack
+                    .and_then(|id| trace.stacks.get(id as usize))
+                    .map(|s| s.frames.clone())
+                    .unwrap_or_default(),
+                count,
+                bytes,
+                example_address,
+                example_size,
+            },
+        )
         .collect();
     groups.sort_by(|a, b| {
         b.bytes
@@ -227,14 +267,21 @@ pub fn leaks(trace: &Trace, at: &At) -> Result<LeakReport, String> {
             .then(b.count.cmp(&a.count))
             .then(a.device.cmp(&b.device))
             .then_with(|| {
-                a.frames.first().map(|f| (&f.filename, f.line)).cmp(&b.frames.first().map(|f| (&f.filename, f.line)))
+                a.frames
+                    .first()
+                    .map(|f| (&f.filename, f.line))
+                    .cmp(&b.frames.first().map(|f| (&f.filename, f.line)))
             })
             .then(a.example_address.cmp(&b.example_address))
     });
     Ok(LeakReport {
         source: trace.source.clone(),
         point,
-        basis: if use_segments { "snapshot segments" } else { "trace events" },
+        basis: if use_segments {
+            "snapshot segments"
+        } else {
+            "trace events"
+        },
         count: groups.iter().map(|g| g.count).sum(),
         bytes: groups.iter().map(|g| g.bytes).sum(),
         groups,
@@ -276,7 +323,11 @@ impl LeakReport {
                 human(g.bytes),
                 g.count,
                 if g.count == 1 { "" } else { "s" },
-                if multi { format!(" on device {}", g.device) } else { String::new() },
+                if multi {
+                    format!(" on device {}", g.device)
+                } else {
+                    String::new()
+                },
                 g.example_address,
                 human(g.example_size)
             );
@@ -285,8 +336,13 @@ impl LeakReport {
         if self.groups.len() > top {
             let rest: u64 = self.groups[top..].iter().map(|g| g.bytes).sum();
             let n: u64 = self.groups[top..].iter().map(|g| g.count).sum();
-            let _ =
-                writeln!(s, "\n... {} more call sites: {} in {} allocations", self.groups.len() - top, human(rest), n);
+            let _ = writeln!(
+                s,
+                "\n... {} more call sites: {} in {} allocations",
+                self.groups.len() - top,
+                human(rest),
+                n
+            );
         }
         s
     }

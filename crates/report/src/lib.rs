@@ -91,7 +91,12 @@ pub(crate) fn short_path(p: &str) -> &str {
 }
 
 pub(crate) fn frames_json(frames: &[Frame]) -> Value {
-    Value::Array(frames.iter().map(|f| json!({"name": f.name, "filename": f.filename, "line": f.line})).collect())
+    Value::Array(
+        frames
+            .iter()
+            .map(|f| json!({"name": f.name, "filename": f.filename, "line": f.line}))
+            .collect(),
+    )
 }
 
 /// The stack of the allocation live at each (device, address) at the end of the trace,
@@ -129,14 +134,20 @@ mod tests {
 
     #[test]
     fn short_paths() {
-        assert_eq!(short_path("venv/lib/python3.12/site-packages/torch/nn/linear.py"), "torch/nn/linear.py");
+        assert_eq!(
+            short_path("venv/lib/python3.12/site-packages/torch/nn/linear.py"),
+            "torch/nn/linear.py"
+        );
         assert_eq!(short_path("gpu/workloads.py"), "gpu/workloads.py");
     }
 
     #[test]
     fn at_parsing() {
         assert_eq!(At::parse("12"), At::Event(12));
-        assert_eq!(At::parse("Optimizer.step#SGD.step"), At::Annotation("Optimizer.step#SGD.step".into(), Some(1)));
+        assert_eq!(
+            At::parse("Optimizer.step#SGD.step"),
+            At::Annotation("Optimizer.step#SGD.step".into(), Some(1))
+        );
         assert_eq!(At::parse("step@3"), At::Annotation("step".into(), Some(3)));
         assert_eq!(At::parse("step@last"), At::Annotation("step".into(), None));
         assert_eq!(At::parse("a@b"), At::Annotation("a@b".into(), Some(1)));

@@ -52,7 +52,12 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { policy: "pytorch".into(), config: None, capacity: H200_CAPACITY, record_history: false }
+        RunOptions {
+            policy: "pytorch".into(),
+            config: None,
+            capacity: H200_CAPACITY,
+            record_history: false,
+        }
     }
 }
 
@@ -111,7 +116,12 @@ pub fn run(trace: &Trace, opts: &RunOptions) -> Result<Run, String> {
             format!("{config},expandable_segments:True")
         };
     }
-    Ok(Run { trace: trace.source.clone(), policy: opts.policy.clone(), config, devices })
+    Ok(Run {
+        trace: trace.source.clone(),
+        policy: opts.policy.clone(),
+        config,
+        devices,
+    })
 }
 
 fn run_device(
@@ -128,7 +138,12 @@ fn run_device(
         ..SimConfig::default()
     }));
     if plan {
-        sim.plan_addresses(dt.events.iter().filter(|e| e.action == Action::SegmentAlloc).map(|e| e.addr));
+        sim.plan_addresses(
+            dt.events
+                .iter()
+                .filter(|e| e.action == Action::SegmentAlloc)
+                .map(|e| e.addr),
+        );
     }
     let dev: Arc<dyn Device> = sim.clone();
     let alloc = CachingAllocator::with_policy(dev, cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
@@ -149,7 +164,9 @@ fn run_device(
     let mut set_stack = |e: &mut cudamem_alloc::Engine, s: Option<StackId>| {
         if s != cur_stack {
             cur_stack = s;
-            let frames = s.and_then(|id| trace.stacks.get(id as usize)).map(|st| st.frames.clone());
+            let frames = s
+                .and_then(|id| trace.stacks.get(id as usize))
+                .map(|st| st.frames.clone());
             e.set_current_stack(frames);
         }
     };
@@ -157,7 +174,8 @@ fn run_device(
         let is_release = matches!(ev_i.action, Action::SegmentFree | Action::SegmentUnmap);
         if is_release && !in_release_run {
             set_stack(&mut e, None);
-            e.empty_cache().map_err(|err| format!("{}: replay: empty_cache: {err}", trace.source))?;
+            e.empty_cache()
+                .map_err(|err| format!("{}: replay: empty_cache: {err}", trace.source))?;
         }
         in_release_run = is_release || (in_release_run && ev_i.action == Action::Snapshot);
         match ev_i.action {
@@ -179,13 +197,18 @@ fn run_device(
                         live.insert(ev_i.addr, 0);
                     }
                     Err(err) => {
-                        return Err(format!("{}: replay: device failure on a simulated device: {err}", trace.source))
+                        return Err(format!(
+                            "{}: replay: device failure on a simulated device: {err}",
+                            trace.source
+                        ))
                     }
                 }
             }
             Action::FreeRequested => {
                 let Some(ptr) = live.remove(&ev_i.addr) else { continue };
-                let immediate = ev.get(i + 1).is_some_and(|n| n.action == Action::FreeCompleted && n.addr == ev_i.addr);
+                let immediate = ev
+                    .get(i + 1)
+                    .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == ev_i.addr);
                 let deferred = if immediate {
                     None
                 } else {
@@ -201,7 +224,8 @@ fn run_device(
                 if let Some(s) = deferred {
                     let _ = e.record_stream(ptr, StreamId(DEFERRED_STREAM_BASE + s));
                 }
-                e.free(ptr).map_err(|err| format!("{}: replay: free: {err}", trace.source))?;
+                e.free(ptr)
+                    .map_err(|err| format!("{}: replay: free: {err}", trace.source))?;
             }
             Action::FreeCompleted => {
                 if let Some(s) = pending.remove(&ev_i.addr) {

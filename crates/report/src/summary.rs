@@ -49,7 +49,11 @@ pub struct SummaryReport {
 /// `memory_summary()` tables of `trace` at its end and at its reserved peak (see the
 /// [module docs](self)).
 pub fn summary(trace: &Trace) -> Result<SummaryReport, String> {
-    let opts = ReplayOptions { policy: "pytorch".into(), repeats: 0, ..ReplayOptions::default() };
+    let opts = ReplayOptions {
+        policy: "pytorch".into(),
+        repeats: 0,
+        ..ReplayOptions::default()
+    };
     let r = replay(trace, &opts)?;
     Ok(SummaryReport {
         source: trace.source.clone(),

@@ -90,13 +90,22 @@ pub struct VizOptions {
 
 impl Default for VizOptions {
     fn default() -> Self {
-        VizOptions { title: "cudamem viz".into(), max_bands: 20_000 }
+        VizOptions {
+            title: "cudamem viz".into(),
+            max_bands: 20_000,
+        }
     }
 }
 
 /// The HTML viewer of a recorded trace (see the [module docs](self)).
 pub fn viz(trace: &Trace, title: &str) -> String {
-    viz_with(trace, &VizOptions { title: title.to_string(), ..VizOptions::default() })
+    viz_with(
+        trace,
+        &VizOptions {
+            title: title.to_string(),
+            ..VizOptions::default()
+        },
+    )
 }
 
 /// [`viz`] with options.
@@ -107,13 +116,21 @@ pub fn viz_with(trace: &Trace, opts: &VizOptions) -> String {
             "recorded (PyTorch's allocator)".to_string(),
             "block sizes and memory_summary() from a replay with policy pytorch and the trace's settings".to_string(),
         ),
-        Err(e) => ("recorded".to_string(), format!("no replay ({e}); block sizes estimated by rounding")),
+        Err(e) => (
+            "recorded".to_string(),
+            format!("no replay ({e}); block sizes estimated by rounding"),
+        ),
     };
     let block_sizes: Vec<Option<Vec<u64>>> = match &r {
         Ok(run) => trace
             .devices
             .iter()
-            .map(|d| run.devices.iter().find(|x| x.device == d.device).map(|x| x.block_sizes.clone()))
+            .map(|d| {
+                run.devices
+                    .iter()
+                    .find(|x| x.device == d.device)
+                    .map(|x| x.block_sizes.clone())
+            })
             .collect(),
         Err(_) => trace.devices.iter().map(|_| None).collect(),
     };
@@ -123,8 +140,15 @@ pub fn viz_with(trace: &Trace, opts: &VizOptions) -> String {
 /// The HTML viewer of `trace` replayed with `policy` (history recorded, the replay's snapshot
 /// visualised). `config` is applied over the trace's settings.
 pub fn viz_replay(trace: &Trace, policy: &str, config: Option<String>, title: &str) -> Result<String, String> {
-    let r =
-        run(trace, &RunOptions { policy: policy.to_string(), config, record_history: true, ..RunOptions::default() })?;
+    let r = run(
+        trace,
+        &RunOptions {
+            policy: policy.to_string(),
+            config,
+            record_history: true,
+            ..RunOptions::default()
+        },
+    )?;
     let snap = snapshot(trace, &r);
     // The k-th alloc entry of the history is the k-th successful malloc.
     let block_sizes: Vec<Option<Vec<u64>>> = snap
@@ -145,7 +169,10 @@ pub fn viz_replay(trace: &Trace, policy: &str, config: Option<String>, title: &s
     );
     Ok(render(
         &snap,
-        &VizOptions { title: title.to_string(), ..VizOptions::default() },
+        &VizOptions {
+            title: title.to_string(),
+            ..VizOptions::default()
+        },
         &label,
         &note,
         &block_sizes,
@@ -172,7 +199,12 @@ struct Ranges(BTreeMap<u64, u64>);
 impl Ranges {
     fn add(&mut self, a: u64, b: u64) {
         let (mut a, mut b) = (a, b);
-        let over: Vec<(u64, u64)> = self.0.range(..=b).filter(|(_, &e)| e >= a).map(|(&s, &e)| (s, e)).collect();
+        let over: Vec<(u64, u64)> = self
+            .0
+            .range(..=b)
+            .filter(|(_, &e)| e >= a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
         for (s, e) in over {
             self.0.remove(&s);
             a = a.min(s);
@@ -182,7 +214,12 @@ impl Ranges {
     }
     /// Removes [a, b); returns the parts that were not present.
     fn remove(&mut self, a: u64, b: u64) -> Vec<(u64, u64)> {
-        let over: Vec<(u64, u64)> = self.0.range(..b).filter(|(_, &e)| e > a).map(|(&s, &e)| (s, e)).collect();
+        let over: Vec<(u64, u64)> = self
+            .0
+            .range(..b)
+            .filter(|(_, &e)| e > a)
+            .map(|(&s, &e)| (s, e))
+            .collect();
         let mut missing = Vec::new();
         let mut cur = a;
         for (s, e) in over {
@@ -235,13 +272,24 @@ fn device_data(
     for (i, e) in ev.iter().enumerate() {
         match e.action {
             Action::Alloc => {
-                let bs = block_sizes.and_then(|v| v.get(k).copied()).filter(|&b| b > 0).unwrap_or_else(|| est(e.size));
+                let bs = block_sizes
+                    .and_then(|v| v.get(k).copied())
+                    .filter(|&b| b > 0)
+                    .unwrap_or_else(|| est(e.size));
                 k += 1;
                 if let Some(old) = live.remove(&e.addr) {
                     bands[old].fr = i;
                     bands[old].e = i;
                 }
-                bands.push(Band { s: i as i64, fr: n, e: n, size: e.size, bsize: bs, addr: e.addr, stack: e.stack });
+                bands.push(Band {
+                    s: i as i64,
+                    fr: n,
+                    e: n,
+                    size: e.size,
+                    bsize: bs,
+                    addr: e.addr,
+                    stack: e.stack,
+                });
                 live.insert(e.addr, bands.len() - 1);
             }
             Action::FreeRequested => {
@@ -382,7 +430,10 @@ fn device_data(
         let mut idx: Vec<usize> = (0..bands.len()).collect();
         idx.sort_by(|&a, &b| {
             let (x, y) = (&bands[a], &bands[b]);
-            y.bsize.cmp(&x.bsize).then((y.e as i64 - y.s).cmp(&(x.e as i64 - x.s))).then(a.cmp(&b))
+            y.bsize
+                .cmp(&x.bsize)
+                .then((y.e as i64 - y.s).cmp(&(x.e as i64 - x.s)))
+                .then(a.cmp(&b))
         });
         idx.truncate(opts.max_bands);
         idx.sort_unstable();
@@ -471,7 +522,14 @@ fn render(
     let mut stack_ids: HashMap<StackId, usize> = HashMap::new();
     let mut devices = Vec::new();
     for (i, dt) in trace.devices.iter().enumerate() {
-        let mut d = device_data(trace, dt, block_sizes.get(i).and_then(|b| b.as_ref()), &cfg, opts, &mut stack_ids);
+        let mut d = device_data(
+            trace,
+            dt,
+            block_sizes.get(i).and_then(|b| b.as_ref()),
+            &cfg,
+            opts,
+            &mut stack_ids,
+        );
         if let Some(r) = run.and_then(|r| r.devices.iter().find(|x| x.device == dt.device)) {
             d["summary_end"] = json!(memory_summary(&r.stats_at_end.to_dict(), r.device, false));
             d["summary_peak"] = json!(memory_summary(&r.stats_at_peak.to_dict(), r.device, false));
@@ -488,7 +546,11 @@ fn render(
     let mut frames: Vec<Value> = Vec::new();
     let mut stacks: Vec<Vec<usize>> = Vec::new();
     for (_, id) in order {
-        let st = trace.stacks.get(id as usize).map(|s| s.frames.as_slice()).unwrap_or(&[]);
+        let st = trace
+            .stacks
+            .get(id as usize)
+            .map(|s| s.frames.as_slice())
+            .unwrap_or(&[]);
         stacks.push(
             st.iter()
                 .map(|f| {
@@ -549,7 +611,14 @@ mod tests {
     use cudamem_trace::{DeviceTrace, TraceEvent};
 
     fn ev(action: Action, addr: u64, size: u64) -> TraceEvent {
-        TraceEvent { action, addr, size, stream: 0, time_us: 0, stack: None }
+        TraceEvent {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            stack: None,
+        }
     }
 
     fn small_trace() -> Trace {
@@ -586,17 +655,33 @@ mod tests {
     fn html_is_self_contained_and_has_the_views() {
         let html = viz(&small_trace(), "unit <test>");
         for r in references(&html) {
-            assert!(!r.contains("http://") && !r.contains("https://") && !r.contains("//"), "external reference: {r}");
+            assert!(
+                !r.contains("http://") && !r.contains("https://") && !r.contains("//"),
+                "external reference: {r}"
+            );
         }
-        assert!(!html.contains("http://") && !html.contains("https://"), "a URL in the page");
-        for id in ["id=\"timeline\"", "id=\"segmap\"", "id=\"curve\"", "id=\"summary\"", "id=\"cudamem-data\""] {
+        assert!(
+            !html.contains("http://") && !html.contains("https://"),
+            "a URL in the page"
+        );
+        for id in [
+            "id=\"timeline\"",
+            "id=\"segmap\"",
+            "id=\"curve\"",
+            "id=\"summary\"",
+            "id=\"cudamem-data\"",
+        ] {
             assert!(html.contains(id), "missing {id}");
         }
         assert!(html.contains("Active memory timeline"));
         assert!(html.contains("Reserved vs allocated"));
         assert!(html.contains("memory_summary()"));
         // The trace's name cannot close the data block.
-        assert_eq!(html.matches("</script>").count(), 2, "one data block and one code block");
+        assert_eq!(
+            html.matches("</script>").count(),
+            2,
+            "one data block and one code block"
+        );
         assert!(html.contains("unit &lt;test&gt;"));
         // The summary tables are embedded.
         assert!(html.contains("PyTorch CUDA memory summary"));
@@ -606,7 +691,14 @@ mod tests {
     fn bands_pair_allocs_and_frees() {
         let t = small_trace();
         let mut ids = HashMap::new();
-        let d = device_data(&t, &t.devices[0], None, &AllocatorConfig::default(), &VizOptions::default(), &mut ids);
+        let d = device_data(
+            &t,
+            &t.devices[0],
+            None,
+            &AllocatorConfig::default(),
+            &VizOptions::default(),
+            &mut ids,
+        );
         assert_eq!(d["bands"]["s"], json!([1, 2]));
         assert_eq!(d["bands"]["fr"], json!([3, 5]));
         assert_eq!(d["bands"]["e"], json!([4, 5]));
@@ -628,7 +720,14 @@ mod tests {
             ],
         });
         let mut ids = HashMap::new();
-        let d = device_data(&t, &t.devices[0], None, &AllocatorConfig::default(), &VizOptions::default(), &mut ids);
+        let d = device_data(
+            &t,
+            &t.devices[0],
+            None,
+            &AllocatorConfig::default(),
+            &VizOptions::default(),
+            &mut ids,
+        );
         assert_eq!(d["bands"]["s"], json!([-1]));
         assert_eq!(d["init_maps"].as_array().unwrap().len(), 1);
         // The unmapped range and the later map touch: one span of 4 MiB.
@@ -645,7 +744,10 @@ mod tests {
         }
         t.devices.push(DeviceTrace { device: 0, events });
         let mut ids = HashMap::new();
-        let opts = VizOptions { max_bands: 10, ..VizOptions::default() };
+        let opts = VizOptions {
+            max_bands: 10,
+            ..VizOptions::default()
+        };
         let d = device_data(&t, &t.devices[0], None, &AllocatorConfig::default(), &opts, &mut ids);
         let kept = d["kept"].as_array().unwrap();
         assert_eq!(kept.len(), 10);
@@ -657,7 +759,10 @@ mod tests {
         let html = viz(&Trace::new("empty"), "empty");
         assert!(html.contains("\"devices\":[]"));
         let mut t = Trace::new("no segments");
-        t.devices.push(DeviceTrace { device: 0, events: vec![] });
+        t.devices.push(DeviceTrace {
+            device: 0,
+            events: vec![],
+        });
         assert!(viz(&t, "t").contains("\"n\":0"));
         t.devices[0].events = vec![ev(Action::Alloc, 4096, 100), ev(Action::FreeRequested, 4096, 100)];
         let html = viz(&t, "t");

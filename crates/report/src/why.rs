@@ -122,7 +122,9 @@ pub struct WhyReport {
 /// Explains the reserved-but-unallocated bytes at the end of `trace` (see the
 /// [module docs](self)).
 pub fn why(trace: &Trace) -> Result<WhyReport, String> {
-    let large_page = AllocatorConfig::parse(&trace.settings.conf).map(|c| c.large_segment_size).unwrap_or(LARGE_BUFFER);
+    let large_page = AllocatorConfig::parse(&trace.settings.conf)
+        .map(|c| c.large_segment_size)
+        .unwrap_or(LARGE_BUFFER);
     if !trace.segments.is_empty() || trace.devices.iter().all(|d| d.events.is_empty()) {
         let stacks = live_stacks_by_address(trace);
         let frames_of = |device: i32, b: &cudamem_trace::BlockSnapshot| -> Vec<Frame> {
@@ -132,16 +134,31 @@ pub fn why(trace: &Trace) -> Result<WhyReport, String> {
                 .map(|s| s.frames.clone())
                 .unwrap_or_default()
         };
-        let segs = trace.segments.iter().map(|s| explain(s, large_page, &|b| frames_of(s.device, b))).collect();
-        let basis = if trace.segments.is_empty() { "an empty trace" } else { "the snapshot's segments" };
+        let segs = trace
+            .segments
+            .iter()
+            .map(|s| explain(s, large_page, &|b| frames_of(s.device, b)))
+            .collect();
+        let basis = if trace.segments.is_empty() {
+            "an empty trace"
+        } else {
+            "the snapshot's segments"
+        };
         return Ok(report(trace.source.clone(), basis.into(), segs));
     }
     let r = run(trace, &RunOptions::default())?;
     let snap = snapshot(trace, &r);
     let frames_of = |b: &cudamem_trace::BlockSnapshot| -> Vec<Frame> {
-        b.stack.and_then(|id| snap.stacks.get(id as usize)).map(|s| s.frames.clone()).unwrap_or_default()
+        b.stack
+            .and_then(|id| snap.stacks.get(id as usize))
+            .map(|s| s.frames.clone())
+            .unwrap_or_default()
     };
-    let segs = snap.segments.iter().map(|s| explain(s, large_page, &frames_of)).collect();
+    let segs = snap
+        .segments
+        .iter()
+        .map(|s| explain(s, large_page, &frames_of))
+        .collect();
     Ok(report(
         trace.source.clone(),
         "a replay with policy pytorch and the trace's settings (the trace has no segments)".into(),
@@ -209,12 +226,21 @@ pub fn explain(
         } else {
             w.pinned = free_total;
             w.reason = Reason::LiveBlocks;
-            w.pinned_by = s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(pin).collect();
+            w.pinned_by = s
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::ActiveAllocated)
+                .map(pin)
+                .collect();
         }
         return w;
     }
     // Expandable: whole pages inside free runs (pending blocks merge with free neighbours).
-    let page = if s.segment_type == SegmentType::Small { SMALL_PAGE } else { large_page.max(1) };
+    let page = if s.segment_type == SegmentType::Small {
+        SMALL_PAGE
+    } else {
+        large_page.max(1)
+    };
     let mut pinners: Vec<usize> = Vec::new();
     let mut i = 0;
     let n = s.blocks.len();
@@ -272,7 +298,11 @@ impl WhyReport {
             human(self.releasable),
             releasable_segs,
             if releasable_segs == 1 { "" } else { "s" },
-            if self.segments.iter().any(|s| s.is_expandable && s.releasable > 0 && s.releasable < s.total_size) {
+            if self
+                .segments
+                .iter()
+                .any(|s| s.is_expandable && s.releasable > 0 && s.releasable < s.total_size)
+            {
                 ", counting partly released expandable ones"
             } else {
                 ""
@@ -297,7 +327,10 @@ impl WhyReport {
                 ));
             }
             if by_pool > 0 {
-                parts.push(format!("{by_pool} segment{} belong to private pools", if by_pool == 1 { "" } else { "s" }));
+                parts.push(format!(
+                    "{by_pool} segment{} belong to private pools",
+                    if by_pool == 1 { "" } else { "s" }
+                ));
             }
             s.push_str(&parts.join(" and "));
         }
@@ -331,7 +364,11 @@ impl WhyReport {
         s.push_str(if pinned.is_empty() { ".\n" } else { ":\n" });
         let multi = self.segments.iter().any(|x| x.device != self.segments[0].device);
         for p in pinned.iter().take(top) {
-            let dev = if multi { format!("device {} ", p.device) } else { String::new() };
+            let dev = if multi {
+                format!("device {} ", p.device)
+            } else {
+                String::new()
+            };
             let kind = format!(
                 "{}{} pool, stream {}",
                 if p.is_expandable { "expandable, " } else { "" },
@@ -350,7 +387,11 @@ impl WhyReport {
                     );
                 }
                 _ => {
-                    let what = if p.is_expandable { "in partly used pages, next to" } else { "pinned by" };
+                    let what = if p.is_expandable {
+                        "in partly used pages, next to"
+                    } else {
+                        "pinned by"
+                    };
                     let _ = writeln!(
                         s,
                         "\n  {dev}segment {:#x} ({}, {kind}): {} free {what} {} live block{}:",
@@ -378,7 +419,12 @@ impl WhyReport {
         }
         if pinned.len() > top {
             let rest: u64 = pinned[top..].iter().map(|p| p.pinned).sum();
-            let _ = writeln!(s, "\n  ... {} more pinned segments hold {}", pinned.len() - top, human(rest));
+            let _ = writeln!(
+                s,
+                "\n  ... {} more pinned segments hold {}",
+                pinned.len() - top,
+                human(rest)
+            );
         }
         let rel: Vec<&SegmentWhy> = self.segments.iter().filter(|x| x.releasable > 0).collect();
         if !rel.is_empty() {
@@ -392,7 +438,11 @@ impl WhyReport {
                     r.segment_type.as_str(),
                     if r.is_expandable { ", expandable" } else { "" },
                     human(r.releasable),
-                    if r.is_expandable && r.releasable < r.total_size { " of whole free pages" } else { "" }
+                    if r.is_expandable && r.releasable < r.total_size {
+                        " of whole free pages"
+                    } else {
+                        ""
+                    }
                 );
             }
             if rel.len() > top {

@@ -16,13 +16,31 @@ fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps").to_path_buf();
-        let profile = profile_dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug").to_string();
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps")
+            .to_path_buf();
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug")
+            .to_string();
         let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
         let cargo_profile = if profile == "debug" { "dev" } else { profile.as_str() };
         let status = Command::new(env!("CARGO"))
             .current_dir(root())
-            .args(["build", "-q", "-p", "cudamem-cli", "--bin", "cudamem", "--profile", cargo_profile, "--target-dir"])
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "cudamem-cli",
+                "--bin",
+                "cudamem",
+                "--profile",
+                cargo_profile,
+                "--target-dir",
+            ])
             .arg(&target_dir)
             .status()
             .expect("run cargo");
@@ -32,12 +50,20 @@ fn binary() -> &'static Path {
 }
 
 fn cudamem(args: &[&str]) -> Output {
-    Command::new(binary()).current_dir(root()).args(args).output().expect("run cudamem")
+    Command::new(binary())
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("run cudamem")
 }
 
 fn ok(args: &[&str]) -> String {
     let o = cudamem(args);
-    assert!(o.status.success(), "cudamem {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "cudamem {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8(o.stdout).expect("utf-8 output")
 }
 
@@ -46,7 +72,11 @@ const SEED: &str = "tests/data/seed_example.pickle.gz";
 #[test]
 fn summary_prints_both_tables() {
     let out = ok(&["summary", SEED]);
-    assert_eq!(out.matches("PyTorch CUDA memory summary, device ID 0").count(), 2, "{out}");
+    assert_eq!(
+        out.matches("PyTorch CUDA memory summary, device ID 0").count(),
+        2,
+        "{out}"
+    );
     assert!(out.contains("at the end of the trace"));
     assert!(out.contains("when reserved memory peaked at 86.0 MiB"), "{out}");
     let j: serde_json::Value = serde_json::from_str(&ok(&["summary", SEED, "--json"])).unwrap();
@@ -56,8 +86,14 @@ fn summary_prints_both_tables() {
 #[test]
 fn leaks_text_json_top_and_at() {
     let out = ok(&["leaks", SEED]);
-    assert!(out.starts_with("seed_example.pickle.gz: 3 live allocations (65.0 MiB) at the end of the trace"), "{out}");
-    assert!(out.contains("linear.py:134") && out.contains("<no stack recorded>"), "{out}");
+    assert!(
+        out.starts_with("seed_example.pickle.gz: 3 live allocations (65.0 MiB) at the end of the trace"),
+        "{out}"
+    );
+    assert!(
+        out.contains("linear.py:134") && out.contains("<no stack recorded>"),
+        "{out}"
+    );
     let top1 = ok(&["leaks", SEED, "--top", "1"]);
     assert!(
         !top1.contains("<no stack recorded>") && top1.contains("... 1 more call sites: 32.0 MiB in 1 allocations"),
@@ -90,7 +126,9 @@ fn viz_writes_one_html_file() {
     let out2 = dir.join("seed-cudamem.html");
     let o = cudamem(&["viz", SEED, "--policy", "cudamem", "-o", out2.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(std::fs::read_to_string(&out2).unwrap().contains("replay with policy cudamem"));
+    assert!(std::fs::read_to_string(&out2)
+        .unwrap()
+        .contains("replay with policy cudamem"));
     let o = cudamem(&["viz", SEED, "--policy", "nope", "-o", out2.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown policy 'nope'"));
@@ -105,7 +143,10 @@ fn errors_name_the_file() {
     assert!(e.starts_with("cudamem: no-such-trace.pickle.gz: "), "{e}");
     let o = cudamem(&["leaks", SEED, "--at", "no-such-mark"]);
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.starts_with("cudamem: seed_example.pickle.gz: no annotation named 'no-such-mark'"), "{e}");
+    assert!(
+        e.starts_with("cudamem: seed_example.pickle.gz: no annotation named 'no-such-mark'"),
+        "{e}"
+    );
     let o = cudamem(&["why", "Cargo.toml"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.starts_with("cudamem: Cargo.toml: "), "{e}");

@@ -16,7 +16,9 @@ use cudamem_trace::Trace;
 const MIB: u64 = 1 << 20;
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
 }
 
 fn load(name: &str) -> Trace {
@@ -54,12 +56,18 @@ fn leaks_at_the_end_of_seed_example() {
     assert_eq!((r.count, r.bytes), (3, 34_603_008 + 33_554_432));
     assert_eq!(r.groups.len(), 2);
     let g = &r.groups[0];
-    assert_eq!((g.count, g.bytes, g.example_address, g.example_size), (2, 34_603_008, 140_074_104_651_776, 32 * MIB));
+    assert_eq!(
+        (g.count, g.bytes, g.example_address, g.example_size),
+        (2, 34_603_008, 140_074_104_651_776, 32 * MIB)
+    );
     assert_eq!(g.frames.len(), 6);
     assert_eq!((g.frames[0].name.as_str(), g.frames[0].line), ("forward", 134));
     assert!(g.frames[0].filename.ends_with("torch/nn/modules/linear.py"));
     let g = &r.groups[1];
-    assert_eq!((g.count, g.bytes, g.example_address), (1, 33_554_432, 140_074_215_800_832));
+    assert_eq!(
+        (g.count, g.bytes, g.example_address),
+        (1, 33_554_432, 140_074_215_800_832)
+    );
     assert!(g.frames.is_empty() && g.stack.is_none());
 
     let text = r.to_text(10, 12);
@@ -81,7 +89,9 @@ fn leaks_after_an_event_index() {
     assert_eq!(r.basis, "trace events");
     assert_eq!((r.count, r.bytes), (9, 46_607_516));
     assert_eq!(r.point, "after event 20");
-    assert!(leaks(&t, &At::Event(49)).unwrap_err().contains("past the last event (48)"));
+    assert!(leaks(&t, &At::Event(49))
+        .unwrap_err()
+        .contains("past the last event (48)"));
 }
 
 /// Python: the first `Optimizer.step#SGD.step` annotation (START) of resnet50_train is at a
@@ -95,9 +105,14 @@ fn leaks_at_an_annotation() {
     let r = leaks(&t, &At::parse("Optimizer.step#SGD.step@last")).unwrap();
     assert_eq!((r.count, r.bytes), (648, 413_590_412));
     let e = leaks(&t, &At::parse("nope")).unwrap_err();
-    assert!(e.starts_with("resnet50_train.pickle.gz: no annotation named 'nope'"), "{e}");
+    assert!(
+        e.starts_with("resnet50_train.pickle.gz: no annotation named 'nope'"),
+        "{e}"
+    );
     assert!(e.contains("Optimizer.step#SGD.step"), "{e}");
-    assert!(leaks(&t, &At::parse("Optimizer.step#SGD.step@9")).unwrap_err().contains("occurs 8 times"));
+    assert!(leaks(&t, &At::parse("Optimizer.step#SGD.step@9"))
+        .unwrap_err()
+        .contains("occurs 8 times"));
 }
 
 /// Groups are sorted by bytes and sum to the totals, on every shared trace; at the end of a
@@ -126,7 +141,10 @@ fn leak_groups_are_consistent_on_every_shared_trace() {
 fn why_on_seed_example() {
     let t = load("seed_example.pickle.gz");
     let r = why(&t).unwrap();
-    assert_eq!((r.reserved, r.allocated, r.releasable, r.pinned), (90_177_536, 68_157_440, 20 * MIB, MIB));
+    assert_eq!(
+        (r.reserved, r.allocated, r.releasable, r.pinned),
+        (90_177_536, 68_157_440, 20 * MIB, MIB)
+    );
     let pinned = r.pinned_segments();
     assert_eq!(pinned.len(), 1);
     assert_eq!(pinned[0].pinned_by.len(), 1);
@@ -144,7 +162,11 @@ fn sim_allocator(policy: &str) -> CachingAllocator {
 }
 
 fn frames(name: &str) -> Vec<Frame> {
-    vec![Frame { name: name.into(), filename: "model.py".into(), line: 7 }]
+    vec![Frame {
+        name: name.into(),
+        filename: "model.py".into(),
+        line: 7,
+    }]
 }
 
 /// A 20 MiB segment pinned by one small live block, and a 30 MiB segment with nothing live:
@@ -162,7 +184,10 @@ fn why_on_a_synthetic_snapshot() {
     t.source = "synthetic".into();
     let r = why(&t).unwrap();
     assert_eq!(r.basis, "the snapshot's segments");
-    assert_eq!((r.reserved, r.allocated, r.releasable, r.pinned), (50 * MIB, 2 * MIB, 30 * MIB, 18 * MIB));
+    assert_eq!(
+        (r.reserved, r.allocated, r.releasable, r.pinned),
+        (50 * MIB, 2 * MIB, 30 * MIB, 18 * MIB)
+    );
     assert_eq!(r.reserved, r.allocated + r.releasable + r.pinned);
     let releasable: Vec<_> = r.segments.iter().filter(|s| s.releasable > 0).collect();
     assert_eq!(releasable.len(), 1);
@@ -171,7 +196,10 @@ fn why_on_a_synthetic_snapshot() {
     assert_eq!(pinned.len(), 1);
     assert_eq!(pinned[0].reason, Reason::LiveBlocks);
     assert_eq!(pinned[0].pinned_by.len(), 1);
-    assert_eq!((pinned[0].pinned_by[0].address, pinned[0].pinned_by[0].size), (small, 2 * MIB));
+    assert_eq!(
+        (pinned[0].pinned_by[0].address, pinned[0].pinned_by[0].size),
+        (small, 2 * MIB)
+    );
     assert_eq!(pinned[0].pinned_by[0].frames[0].name, "keep_me");
     let text = r.to_string();
     assert!(text.contains("empty_cache() would release 30.0 MiB now (1 segment); 18.0 MiB stays reserved because 1 live block pins 1 segment"), "{text}");
@@ -227,7 +255,12 @@ fn why_totals_add_up_on_every_shared_trace() {
         let r = why(&load(name)).unwrap();
         assert_eq!(r.reserved, r.allocated + r.releasable + r.pinned, "{name}");
         for s in &r.segments {
-            assert_eq!(s.total_size, s.allocated + s.releasable + s.pinned, "{name} {:#x}", s.address);
+            assert_eq!(
+                s.total_size,
+                s.allocated + s.releasable + s.pinned,
+                "{name} {:#x}",
+                s.address
+            );
         }
     }
 }
@@ -240,16 +273,33 @@ fn why_totals_add_up_on_every_shared_trace() {
 fn summary_of_resnet50_is_memory_summary_of_the_replay() {
     let t = load("resnet50_train.pickle.gz");
     let s = summary(&t).unwrap();
-    let r = replay(&t, &ReplayOptions { policy: "pytorch".into(), repeats: 0, ..ReplayOptions::default() }).unwrap();
+    let r = replay(
+        &t,
+        &ReplayOptions {
+            policy: "pytorch".into(),
+            repeats: 0,
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
     assert_eq!(s.devices.len(), r.devices.len());
     let (sd, rd) = (&s.devices[0], &r.devices[0]);
-    assert_eq!(sd.table_at_end, memory_summary(&rd.stats_at_end.to_dict(), rd.device, false));
-    assert_eq!(sd.table_at_peak, memory_summary(&rd.stats_at_peak.to_dict(), rd.device, false));
+    assert_eq!(
+        sd.table_at_end,
+        memory_summary(&rd.stats_at_end.to_dict(), rd.device, false)
+    );
+    assert_eq!(
+        sd.table_at_peak,
+        memory_summary(&rd.stats_at_peak.to_dict(), rd.device, false)
+    );
     let text = s.to_string();
     assert!(text.contains(&sd.table_at_end) && text.contains(&sd.table_at_peak));
     assert!(text.contains("PyTorch CUDA memory summary, device ID 0"));
     // The recorded allocator's peak, reproduced.
-    assert_eq!(sd.stats_at_end.reserved_bytes.all().peak as u64, t.segment_history_peak(0).0);
+    assert_eq!(
+        sd.stats_at_end.reserved_bytes.all().peak as u64,
+        t.segment_history_peak(0).0
+    );
 }
 
 /// The reports' event-by-event replay and `cudamem_replay::replay` agree (the single-stream
@@ -259,12 +309,36 @@ fn event_replay_matches_the_replay_crate() {
     for name in ["resnet50_train.pickle.gz", "multistream_prefetch.pickle.gz"] {
         let t = load(name);
         for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
-            let mine = run(&t, &RunOptions { policy: policy.into(), ..RunOptions::default() }).unwrap();
-            let theirs =
-                replay(&t, &ReplayOptions { policy: policy.into(), repeats: 0, ..ReplayOptions::default() }).unwrap();
-            assert_eq!(mine.devices[0].stats_at_end, theirs.devices[0].stats_at_end, "{name} {policy}");
-            assert_eq!(mine.devices[0].stats_at_peak, theirs.devices[0].stats_at_peak, "{name} {policy}");
-            let allocs = t.devices[0].events.iter().filter(|e| e.action == cudamem_trace::Action::Alloc).count();
+            let mine = run(
+                &t,
+                &RunOptions {
+                    policy: policy.into(),
+                    ..RunOptions::default()
+                },
+            )
+            .unwrap();
+            let theirs = replay(
+                &t,
+                &ReplayOptions {
+                    policy: policy.into(),
+                    repeats: 0,
+                    ..ReplayOptions::default()
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                mine.devices[0].stats_at_end, theirs.devices[0].stats_at_end,
+                "{name} {policy}"
+            );
+            assert_eq!(
+                mine.devices[0].stats_at_peak, theirs.devices[0].stats_at_peak,
+                "{name} {policy}"
+            );
+            let allocs = t.devices[0]
+                .events
+                .iter()
+                .filter(|e| e.action == cudamem_trace::Action::Alloc)
+                .count();
             assert_eq!(mine.devices[0].block_sizes.len(), allocs);
         }
     }
@@ -275,7 +349,14 @@ fn event_replay_matches_the_replay_crate() {
 #[test]
 fn recorded_replay_is_a_trace() {
     let t = load("seed_example.pickle.gz");
-    let r = run(&t, &RunOptions { record_history: true, ..RunOptions::default() }).unwrap();
+    let r = run(
+        &t,
+        &RunOptions {
+            record_history: true,
+            ..RunOptions::default()
+        },
+    )
+    .unwrap();
     let snap = cudamem_report::replay::snapshot(&t, &r);
     let count = |tr: &Trace, a| tr.devices[0].events.iter().filter(|e| e.action == a).count();
     use cudamem_trace::Action::*;
@@ -301,7 +382,10 @@ fn viz_of_every_shared_trace_is_bounded_and_self_contained() {
         let bound = 100 * events + (128 << 10);
         assert!(html.len() <= bound, "{name}: {} bytes > {bound}", html.len());
         assert!(!html.contains("http://") && !html.contains("https://"), "{name}");
-        assert!(html.contains("id=\"cudamem-data\"") && html.contains("data-render-ok"), "{name}");
+        assert!(
+            html.contains("id=\"cudamem-data\"") && html.contains("data-render-ok"),
+            "{name}"
+        );
         assert!(html.contains("PyTorch CUDA memory summary"), "{name}: summary tables");
     }
 }

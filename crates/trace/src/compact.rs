@@ -63,8 +63,8 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use crate::{
-    Action, AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, ErrorKind,
-    Frame, Location, SegmentSnapshot, SegmentType, Stack, StackId, Trace, TraceError, TraceEvent,
+    Action, AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, ErrorKind, Frame, Location,
+    SegmentSnapshot, SegmentType, Stack, StackId, Trace, TraceError, TraceEvent,
 };
 
 /// The first 8 bytes of a compact file.
@@ -147,9 +147,7 @@ fn section(out: &mut Vec<u8>, tag: &[u8; 4], payload: &[u8]) {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('\r', "\\r")
+    s.replace('\\', "\\\\").replace('\n', "\\n").replace('\r', "\\r")
 }
 
 fn unescape(s: &str) -> Option<String> {
@@ -212,14 +210,10 @@ pub fn settings_from_text(text: &str) -> Result<AllocatorSettings, String> {
         match k {
             "conf" => s.conf = unescape(v).ok_or_else(bad)?,
             "max_split_size" => s.max_split_size = v.parse().map_err(|_| bad())?,
-            "garbage_collection_threshold" => {
-                s.garbage_collection_threshold = v.parse().map_err(|_| bad())?
-            }
+            "garbage_collection_threshold" => s.garbage_collection_threshold = v.parse().map_err(|_| bad())?,
             "expandable_segments" => s.expandable_segments = b(v)?,
             "release_lock_on_cudamalloc" => s.release_lock_on_cudamalloc = b(v)?,
-            "pinned_num_register_threads" => {
-                s.pinned_num_register_threads = v.parse().map_err(|_| bad())?
-            }
+            "pinned_num_register_threads" => s.pinned_num_register_threads = v.parse().map_err(|_| bad())?,
             "pinned_use_cuda_host_register" => s.pinned_use_cuda_host_register = b(v)?,
             "graph_capture_record_stream_reuse" => s.graph_capture_record_stream_reuse = b(v)?,
             "roundup_power2_divisions" => {
@@ -270,9 +264,7 @@ pub fn to_compact_bytes(trace: &Trace) -> Result<Vec<u8>, TraceError> {
         strs.extend_from_slice(s.as_bytes());
     }
 
-    let mut out = Vec::with_capacity(
-        HEADER + TRAILER + 1024 + strs.len() + stks.len() + n_events * EVENT_RECORD,
-    );
+    let mut out = Vec::with_capacity(HEADER + TRAILER + 1024 + strs.len() + stks.len() + n_events * EVENT_RECORD);
     out.extend_from_slice(MAGIC);
     put_u32(&mut out, VERSION);
     put_u32(&mut out, 0);
@@ -281,11 +273,7 @@ pub fn to_compact_bytes(trace: &Trace) -> Result<Vec<u8>, TraceError> {
     drop(strs);
     section(&mut out, b"STKS", &stks);
     drop(stks);
-    section(
-        &mut out,
-        b"SETT",
-        settings_to_text(&trace.settings).as_bytes(),
-    );
+    section(&mut out, b"SETT", settings_to_text(&trace.settings).as_bytes());
 
     // DEVS is written in place: it is the big one.
     out.extend_from_slice(b"DEVS");
@@ -356,16 +344,14 @@ pub fn to_compact_bytes(trace: &Trace) -> Result<Vec<u8>, TraceError> {
 /// Write `trace` in the compact format.
 pub fn write_compact(trace: &Trace, mut out: impl Write) -> Result<(), TraceError> {
     let bytes = to_compact_bytes(trace)?;
-    out.write_all(&bytes)
-        .and_then(|_| out.flush())
-        .map_err(|e| {
-            TraceError::new(
-                &trace.source,
-                ErrorKind::Io,
-                Location::Whole,
-                format!("cannot write compact trace: {e}"),
-            )
-        })
+    out.write_all(&bytes).and_then(|_| out.flush()).map_err(|e| {
+        TraceError::new(
+            &trace.source,
+            ErrorKind::Io,
+            Location::Whole,
+            format!("cannot write compact trace: {e}"),
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -449,9 +435,7 @@ impl<'a> Cur<'a> {
 /// Read a compact trace (see the module docs). `source` names it in errors
 /// and becomes [`Trace::source`].
 pub fn read_compact(data: &[u8], source: &str) -> Result<Trace, TraceError> {
-    let err = |kind: ErrorKind, at: u64, msg: String| {
-        TraceError::new(source, kind, Location::Byte(at), msg)
-    };
+    let err = |kind: ErrorKind, at: u64, msg: String| TraceError::new(source, kind, Location::Byte(at), msg);
     let magic_prefix = !data.is_empty() && MAGIC.starts_with(&data[..data.len().min(8)]);
     if !magic_prefix {
         return Err(err(
@@ -464,11 +448,7 @@ pub fn read_compact(data: &[u8], source: &str) -> Result<Trace, TraceError> {
         return Err(err(
             ErrorKind::Truncated,
             data.len() as u64,
-            format!(
-                "truncated at byte {} of at least {}",
-                data.len(),
-                HEADER + TRAILER
-            ),
+            format!("truncated at byte {} of at least {}", data.len(), HEADER + TRAILER),
         ));
     }
     let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
@@ -528,10 +508,7 @@ fn parse_sections(data: &[u8], body_end: usize, source: &str) -> CR<Trace> {
         if len > top.left() as u64 {
             return top.fail(
                 at,
-                format!(
-                    "section at byte {at} claims {len} bytes, only {} left",
-                    top.left()
-                ),
+                format!("section at byte {at} claims {len} bytes, only {} left", top.left()),
             );
         }
         let start = top.pos;
@@ -565,10 +542,7 @@ fn parse_sections(data: &[u8], body_end: usize, source: &str) -> CR<Trace> {
             _ => trace.annotations = read_annotations(&mut c, &strings)?,
         }
         if c.pos != end {
-            return c.fail(
-                c.pos,
-                format!("section {what} has {} unread bytes", end - c.pos),
-            );
+            return c.fail(c.pos, format!("section {what} has {} unread bytes", end - c.pos));
         }
     }
     Ok(trace)
@@ -590,10 +564,7 @@ fn read_strings<'a>(c: &mut Cur<'a>) -> CR<Vec<&'a str>> {
 fn string(c: &Cur<'_>, strings: &[&str], at: usize, i: u32) -> CR<String> {
     match strings.get(i as usize) {
         Some(s) => Ok((*s).to_string()),
-        None => c.fail(
-            at,
-            format!("string index {i} out of range ({} strings)", strings.len()),
-        ),
+        None => c.fail(at, format!("string index {i} out of range ({} strings)", strings.len())),
     }
 }
 
@@ -625,10 +596,7 @@ fn stack_ref(c: &Cur<'_>, at: usize, code: u32, n_stacks: usize) -> CR<Option<St
     } else if (code as usize) < n_stacks {
         Ok(Some(code))
     } else {
-        c.fail(
-            at,
-            format!("stack id {code} out of range ({n_stacks} stacks)"),
-        )
+        c.fail(at, format!("stack id {code} out of range ({n_stacks} stacks)"))
     }
 }
 
@@ -847,20 +815,14 @@ mod tests {
         let n = b.len();
         let e = read_compact(&b[..n - 10], "s.cmt").unwrap_err();
         assert_eq!(e.kind, ErrorKind::Truncated);
-        assert_eq!(
-            e.to_string(),
-            format!("s.cmt: truncated at byte {} of {}", n - 10, n)
-        );
+        assert_eq!(e.to_string(), format!("s.cmt: truncated at byte {} of {}", n - 10, n));
         let mut c = b.clone();
         c[40] ^= 1;
         let e = read_compact(&c, "s.cmt").unwrap_err();
         assert!(e.to_string().contains("checksum mismatch"), "{e}");
         let mut v = b.clone();
         v[8] = 9;
-        assert!(read_compact(&v, "s")
-            .unwrap_err()
-            .to_string()
-            .contains("version 9"));
+        assert!(read_compact(&v, "s").unwrap_err().to_string().contains("version 9"));
         let mut long = b.clone();
         long.push(0);
         assert!(read_compact(&long, "s").is_err());

@@ -385,13 +385,7 @@ impl fmt::Display for TraceSummary {
         writeln!(f, "  stacks: {}", self.stacks)?;
         writeln!(f, "  segments: {} ({} blocks)", self.segments, self.blocks)?;
         if let Some((a, b)) = self.time_range_us {
-            writeln!(
-                f,
-                "  time: {} us .. {} us ({} us)",
-                a,
-                b,
-                b.saturating_sub(a)
-            )?;
+            writeln!(f, "  time: {} us .. {} us ({} us)", a, b, b.saturating_sub(a))?;
         }
         Ok(())
     }
@@ -428,9 +422,8 @@ impl Trace {
 
     /// Number of events with `action` on `device`.
     pub fn count_on(&self, device: i32, action: Action) -> usize {
-        self.device(device).map_or(0, |d| {
-            d.events.iter().filter(|e| e.action == action).count()
-        })
+        self.device(device)
+            .map_or(0, |d| d.events.iter().filter(|e| e.action == action).count())
     }
 
     /// The stack `id` refers to (None for `None` or an out-of-range id).
@@ -648,12 +641,7 @@ pub struct TraceError {
 
 impl TraceError {
     /// Build an error.
-    pub fn new(
-        source: &str,
-        kind: ErrorKind,
-        location: Location,
-        message: impl Into<String>,
-    ) -> TraceError {
+    pub fn new(source: &str, kind: ErrorKind, location: Location, message: impl Into<String>) -> TraceError {
         TraceError {
             source: source.to_string(),
             kind,
@@ -727,16 +715,14 @@ pub const MAX_DECOMPRESSED: u64 = 4 << 30;
 pub fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>, TraceError> {
     let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(256 << 20));
     let dec = flate2::read::MultiGzDecoder::new(bytes);
-    dec.take(MAX_DECOMPRESSED + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            TraceError::new(
-                source,
-                ErrorKind::Gzip,
-                Location::Whole,
-                format!("gzip decode error: {e}"),
-            )
-        })?;
+    dec.take(MAX_DECOMPRESSED + 1).read_to_end(&mut out).map_err(|e| {
+        TraceError::new(
+            source,
+            ErrorKind::Gzip,
+            Location::Whole,
+            format!("gzip decode error: {e}"),
+        )
+    })?;
     if out.len() as u64 > MAX_DECOMPRESSED {
         return Err(TraceError::new(
             source,
@@ -770,11 +756,7 @@ pub fn read_bytes(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
         Some(Format::RmmCsv) => match std::str::from_utf8(bytes) {
             Ok(text) => read_rmm_csv(text, source),
             Err(e) => {
-                let line = bytes[..e.valid_up_to()]
-                    .iter()
-                    .filter(|&&c| c == b'\n')
-                    .count()
-                    + 1;
+                let line = bytes[..e.valid_up_to()].iter().filter(|&&c| c == b'\n').count() + 1;
                 Err(TraceError::new(
                     source,
                     ErrorKind::Csv,
@@ -808,10 +790,9 @@ fn unknown(source: &str, bytes: &[u8], what: &str) -> TraceError {
 /// Read a trace file, choosing the format by content. [`Trace::source`] is
 /// the file name (without directories).
 pub fn read_path(path: &Path) -> Result<Trace, TraceError> {
-    let source = path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let source = path
+        .file_name()
+        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let bytes = std::fs::read(path).map_err(|e| {
         TraceError::new(
             &source,
@@ -835,9 +816,7 @@ impl std::hash::Hasher for FastHasher {
     fn write(&mut self, bytes: &[u8]) {
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
-            self.write_u64(u64::from_le_bytes([
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-            ]));
+            self.write_u64(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
         }
         for &b in chunks.remainder() {
             self.write_u64(b as u64);
@@ -894,7 +873,11 @@ impl<'a> StackInterner<'a> {
 
     /// Add a frame to the stack being built.
     pub(crate) fn push(&mut self, name: &'a str, filename: &'a str, line: i64) {
-        let pk = (name.as_ptr() as usize ^ name.len() << 48, filename.as_ptr() as usize ^ filename.len() << 48, line);
+        let pk = (
+            name.as_ptr() as usize ^ name.len() << 48,
+            filename.as_ptr() as usize ^ filename.len() << 48,
+            line,
+        );
         if let Some(&id) = self.by_ptr.get(&pk) {
             self.scratch.push(id);
             return;
@@ -945,10 +928,7 @@ impl<'a> StackInterner<'a> {
         self.stack_list
             .into_iter()
             .map(|ids| Stack {
-                frames: ids
-                    .into_iter()
-                    .map(|i| frames[i as usize].clone())
-                    .collect(),
+                frames: ids.into_iter().map(|i| frames[i as usize].clone()).collect(),
             })
             .collect()
     }
@@ -1020,10 +1000,7 @@ mod tests {
         assert_eq!(detect_format(&[0x80, 4]), Some(Format::Pickle));
         assert_eq!(detect_format(b"CUDAMEMT\x01"), Some(Format::Compact));
         assert_eq!(detect_format(b"Thread,Time,Action"), Some(Format::RmmCsv));
-        assert_eq!(
-            detect_format(b"\xef\xbb\xbfThread,Time"),
-            Some(Format::RmmCsv)
-        );
+        assert_eq!(detect_format(b"\xef\xbb\xbfThread,Time"), Some(Format::RmmCsv));
         assert_eq!(detect_format(b"hello"), None);
         assert_eq!(detect_format(b""), None);
         let e = read_bytes(b"hello", "x.bin").unwrap_err();

@@ -72,9 +72,8 @@ use serde_pickle::SerOptions;
 
 use crate::pickle_vm::{self, Arena, Kind, Val};
 use crate::{
-    Action, AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, ErrorKind,
-    Location, SegmentSnapshot, SegmentType, Stack, StackId, StackInterner, Trace, TraceError,
-    TraceEvent,
+    Action, AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, ErrorKind, Location,
+    SegmentSnapshot, SegmentType, Stack, StackId, StackInterner, Trace, TraceError, TraceEvent,
 };
 
 /// Read a PyTorch snapshot pickle. `bytes` may also be gzip'd (detected by
@@ -194,10 +193,7 @@ impl<'x, 'a> Rd<'x, 'a> {
     fn as_dict(&self, v: &Val<'a>, what: &str) -> SR<Items<'x, 'a>> {
         match self.ar.obj(v) {
             Some(o) if o.kind == Kind::Dict => Ok(&o.items),
-            _ => serr(format!(
-                "{what} is a {}, expected dict",
-                self.ar.type_name(v)
-            )),
+            _ => serr(format!("{what} is a {}, expected dict", self.ar.type_name(v))),
         }
     }
 
@@ -211,9 +207,7 @@ impl<'x, 'a> Rd<'x, 'a> {
     fn as_i64(&self, v: &Val<'a>, field: &str) -> SR<i64> {
         match *v {
             Val::Int(n) => Ok(n),
-            Val::Wide(_) | Val::Huge => serr(format!(
-                "field '{field}' does not fit in a 64-bit signed int"
-            )),
+            Val::Wide(_) | Val::Huge => serr(format!("field '{field}' does not fit in a 64-bit signed int")),
             _ => self.wrong(field, v, "int"),
         }
     }
@@ -226,13 +220,9 @@ impl<'x, 'a> Rd<'x, 'a> {
             )),
             Val::Wide(_) => match self.ar.int(v).map(u64::try_from) {
                 Some(Ok(n)) => Ok(n),
-                _ => serr(format!(
-                    "field '{field}' does not fit in a 64-bit unsigned int"
-                )),
+                _ => serr(format!("field '{field}' does not fit in a 64-bit unsigned int")),
             },
-            Val::Huge => serr(format!(
-                "field '{field}' does not fit in a 64-bit unsigned int"
-            )),
+            Val::Huge => serr(format!("field '{field}' does not fit in a 64-bit unsigned int")),
             _ => self.wrong(field, v, "int"),
         }
     }
@@ -271,39 +261,26 @@ impl<'x, 'a> Rd<'x, 'a> {
             Some(Kind::Dict) => self.as_dict(root, "snapshot")?,
             Some(Kind::List) => {
                 // A bare segment list (what _memory_viz accepts too).
-                trace.segments = self
-                    .segments(root, &mut interner)
-                    .at(|| "segments".into())?;
+                trace.segments = self.segments(root, &mut interner).at(|| "segments".into())?;
                 trace.stacks = interner.into_stacks();
                 return Ok(trace);
             }
-            _ => {
-                return serr(format!(
-                    "snapshot is a {}, expected dict",
-                    self.ar.type_name(root)
-                ))
-            }
+            _ => return serr(format!("snapshot is a {}, expected dict", self.ar.type_name(root))),
         };
         if let Some(v) = self.opt(top, "segments") {
             trace.segments = self.segments(v, &mut interner).at(|| "segments".into())?;
         }
         if let Some(v) = self.opt(top, "device_traces") {
             for (d, dev) in self.as_seq(v, "device_traces")?.iter().enumerate() {
-                let entries = self
-                    .as_seq(dev, "device_traces")
-                    .at(|| format!("device_traces[{d}]"))?;
+                let entries = self.as_seq(dev, "device_traces").at(|| format!("device_traces[{d}]"))?;
                 if entries.is_empty() {
                     continue;
                 }
                 let mut events = Vec::with_capacity(entries.len());
                 for (i, e) in entries.iter().enumerate() {
-                    events.push(
-                        self.event(e, &mut interner)
-                            .at(|| format!("device_traces[{d}][{i}]"))?,
-                    );
+                    events.push(self.event(e, &mut interner).at(|| format!("device_traces[{d}][{i}]"))?);
                 }
-                let device = i32::try_from(d)
-                    .or_else(|_| serr("too many devices").at(|| "device_traces".into()))?;
+                let device = i32::try_from(d).or_else(|_| serr("too many devices").at(|| "device_traces".into()))?;
                 trace.devices.push(DeviceTrace { device, events });
             }
         }
@@ -312,10 +289,9 @@ impl<'x, 'a> Rd<'x, 'a> {
         }
         if let Some(v) = self.opt(top, "external_annotations") {
             for (i, a) in self.as_seq(v, "external_annotations")?.iter().enumerate() {
-                trace.annotations.push(
-                    self.annotation(a)
-                        .at(|| format!("external_annotations[{i}]"))?,
-                );
+                trace
+                    .annotations
+                    .push(self.annotation(a).at(|| format!("external_annotations[{i}]"))?);
             }
         }
         trace.stacks = interner.into_stacks();
@@ -338,15 +314,11 @@ impl<'x, 'a> Rd<'x, 'a> {
         for (i, f) in list.iter().enumerate() {
             let frame = || -> SR<(&'x str, &'x str, i64)> {
                 let fm = self.as_dict(f, "frame")?;
-                let name = self
-                    .opt(fm, "name")
-                    .map_or(Ok(""), |v| self.as_str(v, "name"))?;
+                let name = self.opt(fm, "name").map_or(Ok(""), |v| self.as_str(v, "name"))?;
                 let filename = self
                     .opt(fm, "filename")
                     .map_or(Ok(""), |v| self.as_str(v, "filename"))?;
-                let line = self
-                    .opt(fm, "line")
-                    .map_or(Ok(0), |v| self.as_i64(v, "line"))?;
+                let line = self.opt(fm, "line").map_or(Ok(0), |v| self.as_i64(v, "line"))?;
                 Ok((name, filename, line))
             };
             match frame() {
@@ -374,23 +346,16 @@ impl<'x, 'a> Rd<'x, 'a> {
                 (None, Some(v)) => self.as_u64(v, "addr")?,
                 (None, None) => 0,
             },
-            _ if optional => self
-                .opt(d, "addr")
-                .map_or(Ok(0), |v| self.as_u64(v, "addr"))?,
+            _ if optional => self.opt(d, "addr").map_or(Ok(0), |v| self.as_u64(v, "addr"))?,
             _ => self.as_u64(self.req(d, "addr")?, "addr")?,
         };
         let size = if optional {
-            self.opt(d, "size")
-                .map_or(Ok(0), |v| self.as_u64(v, "size"))?
+            self.opt(d, "size").map_or(Ok(0), |v| self.as_u64(v, "size"))?
         } else {
             self.as_u64(self.req(d, "size")?, "size")?
         };
-        let stream = self
-            .opt(d, "stream")
-            .map_or(Ok(0), |v| self.as_u64(v, "stream"))?;
-        let time_us = self
-            .opt(d, "time_us")
-            .map_or(Ok(0), |v| self.as_i64(v, "time_us"))?;
+        let stream = self.opt(d, "stream").map_or(Ok(0), |v| self.as_u64(v, "stream"))?;
+        let time_us = self.opt(d, "time_us").map_or(Ok(0), |v| self.as_i64(v, "time_us"))?;
         let stack = self.frames(d, interner)?;
         Ok(TraceEvent {
             action,
@@ -413,23 +378,15 @@ impl<'x, 'a> Rd<'x, 'a> {
 
     fn segment(&self, v: &Val<'a>, interner: &mut StackInterner<'x>) -> SR<SegmentSnapshot> {
         let d = self.as_dict(v, "segment")?;
-        let device = self
-            .opt(d, "device")
-            .map_or(Ok(0), |v| self.as_i32(v, "device"))?;
+        let device = self.opt(d, "device").map_or(Ok(0), |v| self.as_i32(v, "device"))?;
         let address = self.as_u64(self.req(d, "address")?, "address")?;
-        let stream = self
-            .opt(d, "stream")
-            .map_or(Ok(0), |v| self.as_u64(v, "stream"))?;
+        let stream = self.opt(d, "stream").map_or(Ok(0), |v| self.as_u64(v, "stream"))?;
         let segment_type = match self.opt(d, "segment_type") {
             None => SegmentType::Large,
             Some(v) => match self.as_str(v, "segment_type")? {
                 "large" => SegmentType::Large,
                 "small" => SegmentType::Small,
-                other => {
-                    return serr(format!(
-                        "unknown segment_type '{other}', expected 'large' or 'small'"
-                    ))
-                }
+                other => return serr(format!("unknown segment_type '{other}', expected 'large' or 'small'")),
             },
         };
         let pool_id = match self.opt(d, "segment_pool_id") {
@@ -455,28 +412,21 @@ impl<'x, 'a> Rd<'x, 'a> {
             blocks.reserve(list.len());
             let mut next = address;
             for (i, b) in list.iter().enumerate() {
-                let blk = self
-                    .block(b, next, interner)
-                    .at(|| format!(".blocks[{i}]"))?;
+                let blk = self.block(b, next, interner).at(|| format!(".blocks[{i}]"))?;
                 next = blk.address.wrapping_add(blk.size);
                 blocks.push(blk);
             }
         }
-        let sum = |f: &dyn Fn(&BlockSnapshot) -> Option<u64>| {
-            blocks.iter().filter_map(f).fold(0u64, u64::wrapping_add)
+        let sum = |f: &dyn Fn(&BlockSnapshot) -> Option<u64>| blocks.iter().filter_map(f).fold(0u64, u64::wrapping_add);
+        let field = |key: &str, default: &dyn Fn(&BlockSnapshot) -> Option<u64>| match self.opt(d, key) {
+            Some(v) => self.as_u64(v, key),
+            None => Ok(sum(default)),
         };
-        let field =
-            |key: &str, default: &dyn Fn(&BlockSnapshot) -> Option<u64>| match self.opt(d, key) {
-                Some(v) => self.as_u64(v, key),
-                None => Ok(sum(default)),
-            };
         let total_size = field("total_size", &|b| Some(b.size))?;
         let allocated_size = field("allocated_size", &|b| {
             (b.state == BlockState::ActiveAllocated).then_some(b.size)
         })?;
-        let active_size = field("active_size", &|b| {
-            (b.state != BlockState::Inactive).then_some(b.size)
-        })?;
+        let active_size = field("active_size", &|b| (b.state != BlockState::Inactive).then_some(b.size))?;
         let requested_size = field("requested_size", &|b| {
             (b.state != BlockState::Inactive).then_some(b.requested_size)
         })?;
@@ -496,12 +446,7 @@ impl<'x, 'a> Rd<'x, 'a> {
         })
     }
 
-    fn block(
-        &self,
-        v: &Val<'a>,
-        default_address: u64,
-        interner: &mut StackInterner<'x>,
-    ) -> SR<BlockSnapshot> {
+    fn block(&self, v: &Val<'a>, default_address: u64, interner: &mut StackInterner<'x>) -> SR<BlockSnapshot> {
         let d = self.as_dict(v, "block")?;
         let address = self
             .opt(d, "address")
@@ -551,8 +496,7 @@ impl<'x, 'a> Rd<'x, 'a> {
             s.pinned_use_cuda_host_register = self.as_bool(v, "pinned_use_cuda_host_register")?;
         }
         if let Some(v) = self.opt(d, "graph_capture_record_stream_reuse") {
-            s.graph_capture_record_stream_reuse =
-                self.as_bool(v, "graph_capture_record_stream_reuse")?;
+            s.graph_capture_record_stream_reuse = self.as_bool(v, "graph_capture_record_stream_reuse")?;
         }
         if let Some(v) = self.opt(d, "roundup_power2_divisions") {
             let items = match self.ar.obj(v) {
@@ -586,9 +530,7 @@ impl<'x, 'a> Rd<'x, 'a> {
     fn annotation(&self, v: &Val<'a>) -> SR<Annotation> {
         let d = self.as_dict(v, "annotation")?;
         Ok(Annotation {
-            device: self
-                .opt(d, "device")
-                .map_or(Ok(0), |v| self.as_i32(v, "device"))?,
+            device: self.opt(d, "device").map_or(Ok(0), |v| self.as_i32(v, "device"))?,
             stage: self
                 .opt(d, "stage")
                 .map_or(Ok(""), |v| self.as_str(v, "stage"))?
@@ -597,9 +539,7 @@ impl<'x, 'a> Rd<'x, 'a> {
                 .opt(d, "name")
                 .map_or(Ok(""), |v| self.as_str(v, "name"))?
                 .to_string(),
-            time_us: self
-                .opt(d, "time_us")
-                .map_or(Ok(0), |v| self.as_i64(v, "time_us"))?,
+            time_us: self.opt(d, "time_us").map_or(Ok(0), |v| self.as_i64(v, "time_us"))?,
         })
     }
 }
@@ -788,28 +728,16 @@ impl Serialize for SettingsSer<'_> {
         let mut m = s.serialize_map(Some(9))?;
         m.serialize_entry("PYTORCH_CUDA_ALLOC_CONF", &a.conf)?;
         m.serialize_entry("max_split_size", &a.max_split_size)?;
-        m.serialize_entry(
-            "garbage_collection_threshold",
-            &a.garbage_collection_threshold,
-        )?;
+        m.serialize_entry("garbage_collection_threshold", &a.garbage_collection_threshold)?;
         m.serialize_entry("expandable_segments", &a.expandable_segments)?;
-        m.serialize_entry(
-            "pinned_num_register_threads",
-            &a.pinned_num_register_threads,
-        )?;
+        m.serialize_entry("pinned_num_register_threads", &a.pinned_num_register_threads)?;
         m.serialize_entry("release_lock_on_cudamalloc", &a.release_lock_on_cudamalloc)?;
-        m.serialize_entry(
-            "pinned_use_cuda_host_register",
-            &a.pinned_use_cuda_host_register,
-        )?;
+        m.serialize_entry("pinned_use_cuda_host_register", &a.pinned_use_cuda_host_register)?;
         m.serialize_entry(
             "graph_capture_record_stream_reuse",
             &a.graph_capture_record_stream_reuse,
         )?;
-        m.serialize_entry(
-            "roundup_power2_divisions",
-            &DivisionsSer(&a.roundup_power2_divisions),
-        )?;
+        m.serialize_entry("roundup_power2_divisions", &DivisionsSer(&a.roundup_power2_divisions))?;
         m.end()
     }
 }
@@ -916,12 +844,8 @@ mod tests {
 
     #[test]
     fn block_addresses_and_sizes_are_computed_when_missing() {
-        let blk = |size: i64, state: &str| {
-            dict(vec![
-                ("size", Value::I64(size)),
-                ("state", Value::String(state.into())),
-            ])
-        };
+        let blk =
+            |size: i64, state: &str| dict(vec![("size", Value::I64(size)), ("state", Value::String(state.into()))]);
         let seg = dict(vec![
             ("address", Value::I64(1 << 20)),
             (
@@ -933,12 +857,7 @@ mod tests {
         let g = &t.segments[0];
         assert_eq!(g.blocks[1].address, (1 << 20) + 512);
         assert_eq!(
-            (
-                g.total_size,
-                g.allocated_size,
-                g.active_size,
-                g.requested_size
-            ),
+            (g.total_size, g.allocated_size, g.active_size, g.requested_size),
             (2048, 512, 512, 512)
         );
     }
@@ -955,15 +874,11 @@ mod tests {
         )]);
         let e = read_pickle(&pickle_of(&snap), "t").unwrap_err();
         assert!(
-            e.to_string()
-                .contains("device_traces[0][0]: unknown action 'teleport'"),
+            e.to_string().contains("device_traces[0][0]: unknown action 'teleport'"),
             "{e}"
         );
         let e = read_pickle(&pickle_of(&Value::I64(3)), "t").unwrap_err();
-        assert!(
-            e.to_string().contains("snapshot is a int, expected dict"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("snapshot is a int, expected dict"), "{e}");
         let e = read_pickle(b"\x80\x04\x95", "t").unwrap_err();
         assert_eq!(e.kind, ErrorKind::Pickle);
     }

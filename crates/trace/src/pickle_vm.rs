@@ -149,10 +149,7 @@ pub(crate) fn decode(data: &[u8]) -> R<(Arena<'_>, Val<'_>)> {
     if vm.pos != data.len() {
         return Err(DecodeError {
             offset: vm.pos as u64,
-            message: format!(
-                "{} bytes after the pickle's STOP opcode",
-                data.len() - vm.pos
-            ),
+            message: format!("{} bytes after the pickle's STOP opcode", data.len() - vm.pos),
         });
     }
     Ok((vm.arena, root))
@@ -204,12 +201,7 @@ fn int_from_text(s: &str) -> Option<Num> {
             Ok(i) => Num::Small(i),
             Err(_) => Num::Wide(v),
         }),
-        Err(_)
-            if !s.is_empty()
-                && s.trim_start_matches(['-', '+'])
-                    .bytes()
-                    .all(|c| c.is_ascii_digit()) =>
-        {
+        Err(_) if !s.is_empty() && s.trim_start_matches(['-', '+']).bytes().all(|c| c.is_ascii_digit()) => {
             Some(Num::Huge)
         }
         Err(_) => None,
@@ -432,10 +424,7 @@ impl<'a> Vm<'a> {
             let Some(&op) = self.data.get(self.pos) else {
                 return self.err(
                     at,
-                    format!(
-                        "pickle truncated: no STOP opcode in its {} bytes",
-                        self.data.len()
-                    ),
+                    format!("pickle truncated: no STOP opcode in its {} bytes", self.data.len()),
                 );
             };
             self.pos += 1;
@@ -600,8 +589,7 @@ impl<'a> Vm<'a> {
                         n as u64
                     };
                     let b = self.take(n, at)?;
-                    self.stack
-                        .push(std::str::from_utf8(b).map_or(Val::Bytes(b), Val::Str));
+                    self.stack.push(std::str::from_utf8(b).map_or(Val::Bytes(b), Val::Str));
                 }
                 b'C' => {
                     let [n] = self.fixed::<1>(at)?;
@@ -691,19 +679,7 @@ impl<'a> Vm<'a> {
                     let i = self.top_obj(at, &[Kind::Set], "ADDITEMS")?;
                     self.extend(i, items);
                 }
-                b'c'
-                | 0x93
-                | b'R'
-                | b'i'
-                | b'o'
-                | 0x81
-                | 0x92
-                | b'b'
-                | b'P'
-                | b'Q'
-                | 0x82..=0x84
-                | 0x97
-                | 0x98 => {
+                b'c' | 0x93 | b'R' | b'i' | b'o' | 0x81 | 0x92 | b'b' | b'P' | b'Q' | 0x82..=0x84 | 0x97 | 0x98 => {
                     return self.err(
                         at,
                         format!(
@@ -731,24 +707,15 @@ mod tests {
         assert_eq!(d.kind, Kind::Dict);
         assert_eq!(d.items.len(), 4);
         assert_eq!(a.str(&d.items[0]), Some("a"));
-        assert_eq!(
-            a.obj(&d.items[1]).unwrap().items,
-            vec![Val::Int(1), Val::Int(2)]
-        );
-        assert_eq!(
-            a.obj(&d.items[3]).unwrap().items,
-            vec![Val::None, Val::Bool(true)]
-        );
+        assert_eq!(a.obj(&d.items[1]).unwrap().items, vec![Val::Int(1), Val::Int(2)]);
+        assert_eq!(a.obj(&d.items[3]).unwrap().items, vec![Val::None, Val::Bool(true)]);
     }
 
     #[test]
     fn ints() {
         assert_eq!(int_from_le(&[]), Num::Small(0));
         assert_eq!(int_from_le(&[0xff]), Num::Small(-1));
-        assert_eq!(
-            int_from_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
-            Num::Wide(1i128 << 63)
-        );
+        assert_eq!(int_from_le(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]), Num::Wide(1i128 << 63));
         assert_eq!(int_from_le(&[0x01; 17]), Num::Huge);
         let mut redundant = vec![5u8];
         redundant.extend([0u8; 30]);
@@ -848,16 +815,8 @@ mod tests {
             (Val::Bytes(x), S::Bytes(y)) => x == y,
             (Val::Obj(_), S::List(ys)) | (Val::Obj(_), S::Tuple(ys)) => {
                 let o = a.obj(v).unwrap();
-                let kind_ok = matches!(
-                    (o.kind, s),
-                    (Kind::List, S::List(_)) | (Kind::Tuple, S::Tuple(_))
-                );
-                kind_ok
-                    && o.items.len() == ys.len()
-                    && o.items
-                        .iter()
-                        .zip(ys)
-                        .all(|(x, y)| same(a, x, y, depth + 1))
+                let kind_ok = matches!((o.kind, s), (Kind::List, S::List(_)) | (Kind::Tuple, S::Tuple(_)));
+                kind_ok && o.items.len() == ys.len() && o.items.iter().zip(ys).all(|(x, y)| same(a, x, y, depth + 1))
             }
             (Val::Obj(_), S::Dict(m)) => {
                 let o = a.obj(v).unwrap();
@@ -880,16 +839,14 @@ mod tests {
             let gz = std::fs::read(dir.join(format!("{name}.pickle.gz"))).unwrap();
             let raw = crate::gunzip(&gz, name).unwrap();
             let (a, root) = decode(&raw).unwrap();
-            let reference =
-                serde_pickle::value_from_slice(&raw, serde_pickle::DeOptions::new()).unwrap();
+            let reference = serde_pickle::value_from_slice(&raw, serde_pickle::DeOptions::new()).unwrap();
             assert!(same(&a, &root, &reference, 0), "{name}");
             // And on what our writer produces.
             let t = crate::read_pickle(&raw, name).unwrap();
             let mut out = Vec::new();
             crate::write_snapshot_pickle(&t, &mut out).unwrap();
             let (a, root) = decode(&out).unwrap();
-            let reference =
-                serde_pickle::value_from_slice(&out, serde_pickle::DeOptions::new()).unwrap();
+            let reference = serde_pickle::value_from_slice(&out, serde_pickle::DeOptions::new()).unwrap();
             assert!(same(&a, &root, &reference, 0), "{name} rewritten");
         }
     }

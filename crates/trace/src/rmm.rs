@@ -46,9 +46,7 @@ use crate::{Action, DeviceTrace, ErrorKind, Location, Trace, TraceError, TraceEv
 
 /// Read an RMM `logging_resource_adaptor` CSV log (see the module docs).
 pub fn read_rmm_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
-    let err = |line: usize, msg: String| {
-        TraceError::new(source, ErrorKind::Csv, Location::Line(line), msg)
-    };
+    let err = |line: usize, msg: String| TraceError::new(source, ErrorKind::Csv, Location::Line(line), msg);
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text
         .lines()
@@ -62,23 +60,14 @@ pub fn read_rmm_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
             "empty file: expected the header 'Thread,Time,Action,Pointer,Size,Stream'".into(),
         ));
     };
-    let names: Vec<String> = header
-        .split(',')
-        .map(|s| s.trim().to_ascii_lowercase())
-        .collect();
+    let names: Vec<String> = header.split(',').map(|s| s.trim().to_ascii_lowercase()).collect();
     let col = |name: &str| names.iter().position(|n| n == name);
-    let (Some(c_time), Some(c_action), Some(c_ptr), Some(c_size), Some(c_stream)) = (
-        col("time"),
-        col("action"),
-        col("pointer"),
-        col("size"),
-        col("stream"),
-    ) else {
+    let (Some(c_time), Some(c_action), Some(c_ptr), Some(c_size), Some(c_stream)) =
+        (col("time"), col("action"), col("pointer"), col("size"), col("stream"))
+    else {
         return Err(err(
             hline,
-            format!(
-                "header '{header}' lacks one of the columns Time, Action, Pointer, Size, Stream"
-            ),
+            format!("header '{header}' lacks one of the columns Time, Action, Pointer, Size, Stream"),
         ));
     };
     let needed = [c_time, c_action, c_ptr, c_size, c_stream]
@@ -103,10 +92,9 @@ pub fn read_rmm_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
             ));
         }
         let action = fields[c_action];
-        let size = parse_uint(fields[c_size])
-            .ok_or_else(|| err(n, format!("bad Size '{}'", fields[c_size])))?;
-        let stream = parse_uint(fields[c_stream])
-            .ok_or_else(|| err(n, format!("bad Stream '{}'", fields[c_stream])))?;
+        let size = parse_uint(fields[c_size]).ok_or_else(|| err(n, format!("bad Size '{}'", fields[c_size])))?;
+        let stream =
+            parse_uint(fields[c_stream]).ok_or_else(|| err(n, format!("bad Stream '{}'", fields[c_stream])))?;
         let time_us = clock.next(fields[c_time]);
         let ptr = fields[c_ptr];
         let mut push = |action: Action, addr: u64| {
@@ -142,9 +130,7 @@ pub fn read_rmm_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
             other => {
                 return Err(err(
                     n,
-                    format!(
-                    "unknown Action '{other}', expected 'allocate', 'free' or 'allocate failure'"
-                ),
+                    format!("unknown Action '{other}', expected 'allocate', 'free' or 'allocate failure'"),
                 ))
             }
         }
@@ -261,10 +247,7 @@ mod tests {
         assert_eq!(parse_time_of_day("00:00:01.5"), Some(1_500_000));
         assert_eq!(parse_time_of_day("00:00:01.123456789"), Some(1_123_456));
         assert_eq!(parse_time_of_day("junk"), None);
-        assert_eq!(
-            parse_number_time("1634567890.123456"),
-            Some(1_634_567_890_123_456)
-        );
+        assert_eq!(parse_number_time("1634567890.123456"), Some(1_634_567_890_123_456));
         assert_eq!(parse_number_time("42"), Some(42));
         assert_eq!(parse_number_time("nan"), None);
         let mut c = Clock::default();

@@ -17,7 +17,9 @@
 //! own `device` field). These tests fail until then; each checks the bound before writing
 //! anything, so a failure is quick and small.
 
-use cudamem_trace::{read_compact, read_pickle, write_compact, write_snapshot_pickle, DeviceTrace, SegmentSnapshot, Trace};
+use cudamem_trace::{
+    read_compact, read_pickle, write_compact, write_snapshot_pickle, DeviceTrace, SegmentSnapshot, Trace,
+};
 use serde_pickle::value::{HashableValue, Value};
 use serde_pickle::SerOptions;
 
@@ -59,7 +61,10 @@ fn snapshot_with_segment_on(device: i64) -> Vec<u8> {
         ("time_us", Value::I64(1)),
     ]);
     let top = dict(vec![
-        ("segments", Value::List(vec![segment(0, 0x7f65_8600_0000), segment(device, 0x7f65_8b40_0000)])),
+        (
+            "segments",
+            Value::List(vec![segment(0, 0x7f65_8600_0000), segment(device, 0x7f65_8b40_0000)]),
+        ),
         ("device_traces", Value::List(vec![Value::List(vec![event])])),
     ]);
     serde_pickle::value_to_vec(&top, SerOptions::new()).unwrap()
@@ -77,7 +82,10 @@ fn ordinals(t: &Trace) -> impl Iterator<Item = i32> + '_ {
 /// back is small too.
 fn check_bounded(r: Result<Trace, cudamem_trace::TraceError>, what: &str) {
     match r {
-        Err(e) => assert!(e.to_string().contains("device"), "{what}: rejected, but the message does not say why: {e}"),
+        Err(e) => assert!(
+            e.to_string().contains("device"),
+            "{what}: rejected, but the message does not say why: {e}"
+        ),
         Ok(t) => {
             let max = ordinals(&t).max().unwrap_or(0);
             assert!(
@@ -105,8 +113,16 @@ fn snapshot_pickle_with_a_segment_on_device_1761607680_is_rejected_or_bounded() 
 fn compact_trace_with_huge_device_ordinals_is_rejected_or_bounded() {
     let t = Trace {
         source: "fuzz".into(),
-        devices: vec![DeviceTrace { device: i32::MAX, events: Vec::new() }],
-        segments: vec![SegmentSnapshot { device: i32::MAX - 1, address: 0x7f00_0000_0000, total_size: 2 << 20, ..Default::default() }],
+        devices: vec![DeviceTrace {
+            device: i32::MAX,
+            events: Vec::new(),
+        }],
+        segments: vec![SegmentSnapshot {
+            device: i32::MAX - 1,
+            address: 0x7f00_0000_0000,
+            total_size: 2 << 20,
+            ..Default::default()
+        }],
         ..Default::default()
     };
     let mut bytes = Vec::new();
@@ -120,7 +136,12 @@ fn snapshot_pickle_writer_output_stays_proportional_to_the_trace() {
     // A trace as the readers accept it today: one segment on device 3,000,000.
     let t = Trace {
         source: "fuzz".into(),
-        segments: vec![SegmentSnapshot { device: 3_000_000, address: 0x7f00_0000_0000, total_size: 2 << 20, ..Default::default() }],
+        segments: vec![SegmentSnapshot {
+            device: 3_000_000,
+            address: 0x7f00_0000_0000,
+            total_size: 2 << 20,
+            ..Default::default()
+        }],
         ..Default::default()
     };
     let mut out = Vec::new();

@@ -7,9 +7,7 @@ mod common;
 use std::time::Instant;
 
 use common::trace_path;
-use cudamem_trace::{
-    read_compact, read_path, write_compact, Action, DeviceTrace, Trace, TraceEvent,
-};
+use cudamem_trace::{read_compact, read_path, write_compact, Action, DeviceTrace, Trace, TraceEvent};
 
 #[test]
 fn load_time_of_the_largest_shared_trace() {
@@ -64,11 +62,7 @@ fn synthetic(n: usize) -> Trace {
             size: (x >> 40) * 512,
             stream: x % 3,
             time_us: 1_700_000_000_000_000 + i as i64,
-            stack: if x % 5 == 0 {
-                None
-            } else {
-                Some((x % 64) as u32)
-            },
+            stack: if x % 5 == 0 { None } else { Some((x % 64) as u32) },
         });
     }
     t.devices.push(DeviceTrace { device: 0, events });
@@ -91,10 +85,6 @@ fn load_time_of_a_million_event_compact_file() {
         bytes.len(),
         write,
         read,
-        if cfg!(debug_assertions) {
-            "debug"
-        } else {
-            "release"
-        }
+        if cfg!(debug_assertions) { "debug" } else { "release" }
     );
 }

@@ -102,10 +102,7 @@ fn truncated_and_corrupted_compact_files_never_panic() {
             let e = read_compact(&bytes[..c], name).unwrap_err();
             if c >= 8 {
                 assert_eq!(e.kind, ErrorKind::Truncated, "{name} cut at {c}: {e}");
-                assert!(
-                    e.to_string().contains(&format!("truncated at byte {c} of")),
-                    "{e}"
-                );
+                assert!(e.to_string().contains(&format!("truncated at byte {c} of")), "{e}");
             }
         }
         for _ in 0..50 {
@@ -120,17 +117,9 @@ fn truncated_and_corrupted_compact_files_never_panic() {
 fn malformed_inputs_error_cleanly() {
     let cases: &[(&[u8], ErrorKind, &str)] = &[
         (b"", ErrorKind::UnknownFormat, "not a known trace format"),
-        (
-            b"hello world",
-            ErrorKind::UnknownFormat,
-            "not a known trace format",
-        ),
+        (b"hello world", ErrorKind::UnknownFormat, "not a known trace format"),
         (b"\x1f\x8b\x08\x00", ErrorKind::Gzip, "gzip decode error"),
-        (
-            b"\x80\x04N.",
-            ErrorKind::Schema,
-            "snapshot is a None, expected dict",
-        ),
+        (b"\x80\x04N.", ErrorKind::Schema, "snapshot is a None, expected dict"),
         (b"\x80\x04}\x94.", ErrorKind::Schema, ""), // empty dict: accepted? see below
         (
             b"\x80\x04\x8c\x08builtins\x94\x8c\x03set\x94\x93\x94)R.",
@@ -193,8 +182,7 @@ fn hostile_pickles_are_cheap() {
     p.extend([b's', b'.']);
     let e = read_pickle(&p, "deep").unwrap_err();
     assert!(
-        e.to_string()
-            .contains("segments[0]: segment is a list, expected dict"),
+        e.to_string().contains("segments[0]: segment is a list, expected dict"),
         "{e}"
     );
     // A list that contains itself, where a segment list is expected.

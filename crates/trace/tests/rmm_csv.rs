@@ -39,35 +39,11 @@ fn rmm_sample_parses() {
         vec![
             ev(Action::Alloc, 0x7f8a40000000, 1024, 0, base + 839541),
             ev(Action::Alloc, 0x7f8a40000400, 2048, s, base + 839560),
-            ev(
-                Action::FreeRequested,
-                0x7f8a40000000,
-                1024,
-                0,
-                base + 839600
-            ),
-            ev(
-                Action::FreeCompleted,
-                0x7f8a40000000,
-                1024,
-                0,
-                base + 839600
-            ),
+            ev(Action::FreeRequested, 0x7f8a40000000, 1024, 0, base + 839600),
+            ev(Action::FreeCompleted, 0x7f8a40000000, 1024, 0, base + 839600),
             ev(Action::Oom, 0, 1 << 40, 0, base + 839650),
-            ev(
-                Action::FreeRequested,
-                0x7f8a40000400,
-                2048,
-                s,
-                base + 839700
-            ),
-            ev(
-                Action::FreeCompleted,
-                0x7f8a40000400,
-                2048,
-                s,
-                base + 839700
-            ),
+            ev(Action::FreeRequested, 0x7f8a40000400, 2048, s, base + 839700),
+            ev(Action::FreeCompleted, 0x7f8a40000400, 2048, s, base + 839700),
         ]
     );
     assert!(t.segments.is_empty() && t.stacks.is_empty());
@@ -88,11 +64,7 @@ fn rmm_epoch_seconds_reordered_columns_and_device_suffix() {
     assert_eq!(times, vec![1634567890123456; 4]);
     assert_eq!(t.devices[0].events[1].addr, 256);
     // Columns are found by name.
-    let t2 = read_rmm_csv(
-        "Action,Size,Pointer,Stream,Time,Thread\nallocate,512,0x10,0,5,1\n",
-        "x",
-    )
-    .unwrap();
+    let t2 = read_rmm_csv("Action,Size,Pointer,Stream,Time,Thread\nallocate,512,0x10,0,5,1\n", "x").unwrap();
     assert_eq!(t2.devices[0].events[0], ev(Action::Alloc, 0x10, 512, 0, 5));
     // Header only: an empty trace.
     assert_eq!(

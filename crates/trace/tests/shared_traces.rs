@@ -5,8 +5,7 @@ mod common;
 
 use common::{shared, stat, TRACES};
 use cudamem_trace::{
-    read_bytes, read_compact, read_pickle, write_compact, write_snapshot_pickle, Action,
-    BlockState, SegmentType,
+    read_bytes, read_compact, read_pickle, write_compact, write_snapshot_pickle, Action, BlockState, SegmentType,
 };
 
 /// What Python says about each shared trace. Obtained with Python 3.11 on
@@ -145,11 +144,7 @@ fn shared_traces_load_with_python_verified_counts() {
             "{what}: time order"
         );
         assert_eq!(t.streams(0), x.streams, "{what}");
-        assert_eq!(
-            t.segment_alloc_addresses(0)[..3],
-            x.first_segment_addrs,
-            "{what}"
-        );
+        assert_eq!(t.segment_alloc_addresses(0)[..3], x.first_segment_addrs, "{what}");
         assert_eq!(
             t.segments
                 .iter()
@@ -162,11 +157,7 @@ fn shared_traces_load_with_python_verified_counts() {
         let mut distinct = t.stacks.clone();
         distinct.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
         distinct.dedup();
-        assert_eq!(
-            distinct.len(),
-            t.stacks.len(),
-            "{what}: stacks interned once"
-        );
+        assert_eq!(distinct.len(), t.stacks.len(), "{what}: stacks interned once");
         // Settings: PyTorch defaults in all five.
         let s = &t.settings;
         assert_eq!(
@@ -188,11 +179,7 @@ fn segment_history_peak_matches_native_stats() {
         let t = shared(name);
         let (peak, allocs) = t.segment_history_peak(0);
         assert_eq!(peak, stat(name, "reserved_bytes.all.peak"), "{name}: peak");
-        assert_eq!(
-            allocs,
-            stat(name, "num_device_alloc"),
-            "{name}: segment allocs"
-        );
+        assert_eq!(allocs, stat(name, "num_device_alloc"), "{name}: segment allocs");
         assert_eq!(t.segment_alloc_addresses(0).len() as u64, allocs, "{name}");
         // No segment is ever released in these traces, so what the snapshot
         // holds at the end is the peak.
@@ -214,21 +201,12 @@ fn snapshot_state_agrees_with_the_event_history() {
         let mut pending = std::collections::BTreeSet::new();
         for e in &t.devices[0].events {
             match e.action {
-                Action::Alloc => assert!(
-                    live.insert(e.addr, e.size).is_none(),
-                    "{name}: double alloc"
-                ),
+                Action::Alloc => assert!(live.insert(e.addr, e.size).is_none(), "{name}: double alloc"),
                 Action::FreeRequested => {
-                    assert!(
-                        live.remove(&e.addr).is_some(),
-                        "{name}: free of unknown block"
-                    );
+                    assert!(live.remove(&e.addr).is_some(), "{name}: free of unknown block");
                     pending.insert(e.addr);
                 }
-                Action::FreeCompleted => assert!(
-                    pending.remove(&e.addr),
-                    "{name}: completion without request"
-                ),
+                Action::FreeCompleted => assert!(pending.remove(&e.addr), "{name}: completion without request"),
                 _ => {}
             }
         }
@@ -248,11 +226,7 @@ fn snapshot_state_agrees_with_the_event_history() {
         // Blocks tile their segments.
         for s in &t.segments {
             assert_eq!(s.blocks[0].address, s.address);
-            assert_eq!(
-                s.blocks.iter().map(|b| b.size).sum::<u64>(),
-                s.total_size,
-                "{name}"
-            );
+            assert_eq!(s.blocks.iter().map(|b| b.size).sum::<u64>(), s.total_size, "{name}");
         }
     }
 }

@@ -71,7 +71,11 @@ impl Policy for PytorchPolicy {
     }
 
     fn expandable_page_size(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
-        cfg.expandable_segments.then_some(if pool == SMALL { SMALL_BUFFER } else { cfg.large_segment_size })
+        cfg.expandable_segments.then_some(if pool == SMALL {
+            SMALL_BUFFER
+        } else {
+            cfg.large_segment_size
+        })
     }
 
     fn accepts_cached(&self, cfg: &AllocatorConfig, rounded: u64, candidate: u64) -> bool {

@@ -37,8 +37,7 @@ pub fn shared(name: &str) -> &'static Trace {
     ];
     let i = TRACES.iter().position(|n| *n == name).expect("known trace");
     CACHE[i].get_or_init(|| {
-        cudamem_trace::read_path(&trace_path(name))
-            .unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
+        cudamem_trace::read_path(&trace_path(name)).unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
     })
 }
 
