@@ -160,7 +160,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &PathBuf) -> Result<Trace, String> {
+fn load(path: &std::path::Path) -> Result<Trace, String> {
     cudamem_trace::read_path(path).map_err(|e| e.to_string())
 }
 
@@ -268,7 +268,6 @@ fn cmd_replay(path: &PathBuf, a: ReplayArgs, json: bool) -> Result<(), String> {
         deferred_frees: a.device == "sim",
         device: a.device,
         warm: a.warm,
-        ..ReplayOptions::default()
     };
     let r = cudamem_replay::replay(&trace, &opts);
     spinner.finish_and_clear();

@@ -380,7 +380,7 @@ impl Device for SimDevice {
 
     fn reserve(&self, size: u64) -> Result<DevicePtr, DeviceError> {
         let g = self.config.granularity;
-        if size == 0 || size % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) {
             return Err(DeviceError::InvalidArgument(format!(
                 "reservation of {size} bytes is not a multiple of the granularity {g}"
             )));
@@ -419,7 +419,7 @@ impl Device for SimDevice {
 
     fn map(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         let g = self.config.granularity;
-        if size == 0 || size % g != 0 || ptr % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) || !ptr.is_multiple_of(g) {
             return Err(DeviceError::InvalidArgument(format!(
                 "map of [{ptr:#x}, +{size}) is not aligned to the granularity {g}"
             )));
@@ -451,7 +451,7 @@ impl Device for SimDevice {
 
     fn unmap(&self, ptr: DevicePtr, size: u64) -> Result<(), DeviceError> {
         let g = self.config.granularity;
-        if size == 0 || size % g != 0 || ptr % g != 0 {
+        if size == 0 || !size.is_multiple_of(g) || !ptr.is_multiple_of(g) {
             return Err(DeviceError::InvalidArgument(format!(
                 "unmap of [{ptr:#x}, +{size}) is not aligned to the granularity {g}"
             )));
