@@ -237,7 +237,7 @@ struct ReplayArgs {
     warm: bool,
 }
 
-fn cmd_replay(path: &PathBuf, a: ReplayArgs, json: bool) -> Result<(), String> {
+fn cmd_replay(path: &std::path::Path, a: ReplayArgs, json: bool) -> Result<(), String> {
     policies(&a.policy)?;
     if a.device != "sim" && a.capacity.is_some() {
         return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
@@ -371,7 +371,7 @@ fn cmd_compare(
     Ok(())
 }
 
-fn cmd_fit(path: &PathBuf, list: &str, config: Option<String>, json: bool) -> Result<(), String> {
+fn cmd_fit(path: &std::path::Path, list: &str, config: Option<String>, json: bool) -> Result<(), String> {
     let pols = policies(list)?;
     let trace = load(path)?;
     let pb = bar(pols.len() as u64, json);
