@@ -233,6 +233,11 @@ pub fn settings_from_text(text: &str) -> Result<AllocatorSettings, String> {
 /// Encode `trace` into the compact format.
 pub fn to_compact_bytes(trace: &Trace) -> Result<Vec<u8>, TraceError> {
     trace.validate()?;
+    Ok(encode(trace))
+}
+
+/// Encodes a trace without checking it (tests use it to make files that break the bounds).
+fn encode(trace: &Trace) -> Vec<u8> {
     let n_events: usize = trace.num_events();
     let mut strings = Strings {
         index: HashMap::new(),
@@ -338,7 +343,7 @@ pub fn to_compact_bytes(trace: &Trace) -> Result<Vec<u8>, TraceError> {
     out[16..24].copy_from_slice(&file_len.to_le_bytes());
     let sum = hash64(&out);
     put_u64(&mut out, sum);
-    Ok(out)
+    out
 }
 
 /// Write `trace` in the compact format.
@@ -435,6 +440,13 @@ impl<'a> Cur<'a> {
 /// Read a compact trace (see the module docs). `source` names it in errors
 /// and becomes [`Trace::source`].
 pub fn read_compact(data: &[u8], source: &str) -> Result<Trace, TraceError> {
+    let trace = read_compact_unchecked(data, source)?;
+    // The bounds every reader guarantees (stack ids, device ordinals): see `Trace::validate`.
+    trace.validate()?;
+    Ok(trace)
+}
+
+fn read_compact_unchecked(data: &[u8], source: &str) -> Result<Trace, TraceError> {
     let err = |kind: ErrorKind, at: u64, msg: String| TraceError::new(source, kind, Location::Byte(at), msg);
     let magic_prefix = !data.is_empty() && MAGIC.starts_with(&data[..data.len().min(8)]);
     if !magic_prefix {
@@ -737,6 +749,32 @@ fn read_annotations(c: &mut Cur<'_>, strings: &[&str]) -> CR<Vec<Annotation>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fuzz finding (the short fuzz run of CI): compact files whose annotation or event-list
+    /// device ordinals are out of range were returned by `read_compact` without the bound check
+    /// the pickle reader makes. They are rejected now, naming the entry.
+    #[test]
+    fn out_of_range_device_ordinals_are_rejected_on_read() {
+        let mut t = Trace::new("fuzz.cmt");
+        t.annotations.push(crate::Annotation {
+            device: 1_179_648,
+            stage: "START".into(),
+            name: "x".into(),
+            time_us: 0,
+        });
+        let e = read_compact(&encode(&t), "fuzz.cmt").unwrap_err().to_string();
+        assert!(
+            e.contains("external_annotations[0]") && e.contains("device ordinal 1179648"),
+            "{e}"
+        );
+        let mut t = Trace::new("fuzz.cmt");
+        t.devices.push(crate::DeviceTrace {
+            device: 1 << 20,
+            events: Vec::new(),
+        });
+        let e = read_compact(&encode(&t), "fuzz.cmt").unwrap_err().to_string();
+        assert!(e.contains("devices[0]") && e.contains("device ordinal 1048576"), "{e}");
+    }
 
     fn sample() -> Trace {
         let mut t = Trace::new("sample");

@@ -46,6 +46,13 @@ use crate::{Action, DeviceTrace, ErrorKind, Location, Trace, TraceError, TraceEv
 
 /// Read an RMM `logging_resource_adaptor` CSV log (see the module docs).
 pub fn read_rmm_csv(text: &str, source: &str) -> Result<Trace, TraceError> {
+    let trace = read_rmm_csv_unchecked(text, source)?;
+    // The bounds every reader guarantees (stack ids, device ordinals): see `Trace::validate`.
+    trace.validate()?;
+    Ok(trace)
+}
+
+fn read_rmm_csv_unchecked(text: &str, source: &str) -> Result<Trace, TraceError> {
     let err = |line: usize, msg: String| TraceError::new(source, ErrorKind::Csv, Location::Line(line), msg);
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text
