@@ -299,23 +299,7 @@ fn walk_frames(py: Python<'_>) -> Option<Vec<Frame>> {
 // ---------------------------------------------------------------------------------------------
 
 fn settings_of(cfg: &AllocatorConfig) -> AllocatorSettings {
-    AllocatorSettings {
-        conf: cfg.settings.clone(),
-        max_split_size: if cfg.max_split_size == u64::MAX {
-            -1
-        } else {
-            cfg.max_split_size as i64
-        },
-        garbage_collection_threshold: cfg.garbage_collection_threshold,
-        expandable_segments: cfg.expandable_segments,
-        roundup_power2_divisions: (0..cfg.roundup_power2_divisions.len())
-            .map(|i| (1u64 << i, cfg.roundup_power2_divisions[i]))
-            .collect(),
-        release_lock_on_cudamalloc: cfg.release_lock_on_cudamalloc,
-        pinned_num_register_threads: cfg.pinned_num_register_threads as i64,
-        pinned_use_cuda_host_register: cfg.pinned_use_cuda_host_register,
-        graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
-    }
+    cudamem_alloc::snapshot::settings_of(cfg)
 }
 
 /// The snapshot of `device`, or of every allocator (`None`), as one trace: segments of all

@@ -28,6 +28,28 @@ fn state(b: &Block) -> BlockState {
     }
 }
 
+/// The snapshot's `allocator_settings` for a configuration (PyTorch's keys and encodings:
+/// `max_split_size` -1 when unlimited, `roundup_power2_divisions` by interval start in MiB).
+pub fn settings_of(cfg: &crate::config::AllocatorConfig) -> AllocatorSettings {
+    AllocatorSettings {
+        conf: cfg.settings.clone(),
+        max_split_size: if cfg.max_split_size == u64::MAX {
+            -1
+        } else {
+            cfg.max_split_size as i64
+        },
+        garbage_collection_threshold: cfg.garbage_collection_threshold,
+        expandable_segments: cfg.expandable_segments,
+        roundup_power2_divisions: (0..cfg.roundup_power2_divisions.len())
+            .map(|i| (1u64 << i, cfg.roundup_power2_divisions[i]))
+            .collect(),
+        release_lock_on_cudamalloc: cfg.release_lock_on_cudamalloc,
+        pinned_num_register_threads: cfg.pinned_num_register_threads as i64,
+        pinned_use_cuda_host_register: cfg.pinned_use_cuda_host_register,
+        graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
+    }
+}
+
 impl Engine {
     /// The allocator's state and recorded history, in PyTorch's snapshot schema.
     pub fn snapshot(&mut self) -> Trace {
@@ -99,24 +121,7 @@ impl Engine {
                 stack: e.stack,
             })
             .collect();
-        let cfg = &self.config;
-        let settings = AllocatorSettings {
-            conf: cfg.settings.clone(),
-            max_split_size: if cfg.max_split_size == u64::MAX {
-                -1
-            } else {
-                cfg.max_split_size as i64
-            },
-            garbage_collection_threshold: cfg.garbage_collection_threshold,
-            expandable_segments: cfg.expandable_segments,
-            roundup_power2_divisions: (0..cfg.roundup_power2_divisions.len())
-                .map(|i| (1u64 << i, cfg.roundup_power2_divisions[i]))
-                .collect(),
-            release_lock_on_cudamalloc: cfg.release_lock_on_cudamalloc,
-            pinned_num_register_threads: cfg.pinned_num_register_threads as i64,
-            pinned_use_cuda_host_register: cfg.pinned_use_cuda_host_register,
-            graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
-        };
+        let settings = settings_of(&self.config);
         let annotations = self
             .history
             .annotations
