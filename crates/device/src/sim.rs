@@ -245,6 +245,9 @@ impl SimDevice {
     }
 
     fn inject(s: &mut SimState, op: FaultOp) -> bool {
+        if s.faults.nth.is_empty() && s.faults.fraction <= 0.0 {
+            return false; // no plan: nothing to count (set_faults resets the ordinals anyway)
+        }
         let n = {
             let c = s.op_calls.entry(op).or_insert(0);
             *c += 1;
