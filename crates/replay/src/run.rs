@@ -12,7 +12,7 @@ use cudamem_trace::Trace;
 use crate::program::{Op, Program};
 
 /// Replay streams for deferred frees live far above real stream handles.
-const DEFERRED_STREAM_BASE: u64 = 0xdef0_0000_0000_0000;
+pub const DEFERRED_STREAM_BASE: u64 = 0xdef0_0000_0000_0000;
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -345,6 +345,19 @@ pub fn replay_device(
     })
 }
 
+/// The settings a replay ran with, as a `PYTORCH_CUDA_ALLOC_CONF` string (the policy name
+/// `pytorch-expandable` implies `expandable_segments:True`).
+pub fn settings_string(cfg: &AllocatorConfig, policy: &str) -> String {
+    let config = cfg.settings.clone();
+    if policy != "pytorch-expandable" || config.contains("expandable_segments") {
+        config
+    } else if config.is_empty() {
+        "expandable_segments:True".into()
+    } else {
+        format!("{config},expandable_segments:True")
+    }
+}
+
 /// Replays every device of a trace.
 pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, String> {
     let cfg = effective_config(trace, opts)?;
@@ -354,14 +367,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, Strin
         let p = Program::compile(dt);
         devices.push(replay_device(&p, &cfg, opts, own)?);
     }
-    let mut config = cfg.settings.clone();
-    if opts.policy == "pytorch-expandable" && !config.contains("expandable_segments") {
-        config = if config.is_empty() {
-            "expandable_segments:True".into()
-        } else {
-            format!("{config},expandable_segments:True")
-        };
-    }
+    let config = settings_string(&cfg, &opts.policy);
     Ok(ReplayResult {
         trace: trace.source.clone(),
         policy: opts.policy.clone(),

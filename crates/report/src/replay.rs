@@ -31,11 +31,8 @@ use std::sync::Arc;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator, DeviceStats, RecordContext};
 use cudamem_device::sim::{EventMode, SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, StreamId};
-use cudamem_replay::{effective_config, ReplayOptions};
+use cudamem_replay::{effective_config, settings_string, ReplayOptions, DEFERRED_STREAM_BASE};
 use cudamem_trace::{Action, DeviceTrace, StackId, Trace};
-
-/// Replay streams for deferred frees live far above real stream handles (as in cudamem-replay).
-const DEFERRED_STREAM_BASE: u64 = 0xdef0_0000_0000_0000;
 
 /// How to run a trace.
 #[derive(Clone, Debug)]
@@ -108,14 +105,7 @@ pub fn run(trace: &Trace, opts: &RunOptions) -> Result<Run, String> {
     for dt in &trace.devices {
         devices.push(run_device(trace, dt, &cfg, opts, plan)?);
     }
-    let mut config = cfg.settings.clone();
-    if opts.policy == "pytorch-expandable" && !config.contains("expandable_segments") {
-        config = if config.is_empty() {
-            "expandable_segments:True".into()
-        } else {
-            format!("{config},expandable_segments:True")
-        };
-    }
+    let config = settings_string(&cfg, &opts.policy);
     Ok(Run {
         trace: trace.source.clone(),
         policy: opts.policy.clone(),
