@@ -25,9 +25,12 @@
 //!   [granularity](Device::granularity) (the *minimum* granularity of pinned device memory,
 //!   read once at construction: 2 MiB on an H200). `map(ptr, size)` creates **one** physical
 //!   allocation of `size` bytes (`cuMemCreate`, pinned, on this device, no shareable handle
-//!   type), maps it (`cuMemMap`) and grants this device read/write access to it
-//!   (`cuMemSetAccess`) — PyTorch's expandable segments map a 20 MiB page as one handle the same
-//!   way. The mappings live in a map (start → size and `CUmemGenericAllocationHandle`) under a
+//!   type), maps it (`cuMemMap`) and grants read/write access to it (`cuMemSetAccess`) to this
+//!   device and to every device that can access it as a peer (`cuDeviceCanAccessPeer`, read once
+//!   at construction) — without the peers, a copy from another GPU (`tensor.to("cuda:1")`) fails
+//!   with `CUDA_ERROR_INVALID_VALUE`, because peer access enabled on a context covers `cuMemAlloc`
+//!   memory but not VMM mappings. PyTorch's expandable segments map a 20 MiB page as one handle
+//!   the same way (and add peers when torch enables peer access). The mappings live in a map (start → size and `CUmemGenericAllocationHandle`) under a
 //!   mutex. If any step fails, what that call created is unmapped and released again and the
 //!   error is returned (an OOM from `cuMemCreate` as [`DeviceError::OutOfMemory`]). `unmap(ptr,
 //!   size)` must cover exactly a run of whole mappings (a range starting or ending inside one is
@@ -345,6 +348,8 @@ pub struct CudaDevice {
     total: u64,
     granularity: u64,
     vmm_supported: bool,
+    /// Ordinals of the other devices that can access this one's memory as peers.
+    peers: Vec<i32>,
     segments: Mutex<HashMap<DevicePtr, u64>>,
     vmm: Mutex<Vmm>,
     events: Mutex<Events>,
@@ -378,6 +383,7 @@ impl CudaDevice {
             total: 0,
             granularity: FALLBACK_GRANULARITY,
             vmm_supported: false,
+            peers: Vec::new(),
             segments: Mutex::default(),
             vmm: Mutex::default(),
             events: Mutex::default(),
@@ -389,7 +395,32 @@ impl CudaDevice {
         if d.vmm_supported {
             d.granularity = d.query_granularity()?;
         }
+        d.peers = d.query_peers(count)?;
         Ok(d)
+    }
+
+    /// The devices (of `count`) whose contexts can access this device's memory directly.
+    fn query_peers(&self, count: i32) -> Result<Vec<i32>, DeviceError> {
+        let mut peers = Vec::new();
+        for o in (0..count).filter(|&o| o != self.ordinal) {
+            let mut other: CUdevice = 0;
+            let mut can: std::ffi::c_int = 0;
+            // SAFETY: the driver is initialised, `o` is a device ordinal below the device count,
+            // and both are valid out-pointers.
+            unsafe {
+                check(sys::cuDeviceGet(&mut other, o), "cuDeviceGet")?;
+                check(sys::cuDeviceCanAccessPeer(&mut can, other, self.dev), "cuDeviceCanAccessPeer")?;
+            }
+            if can != 0 {
+                peers.push(o);
+            }
+        }
+        Ok(peers)
+    }
+
+    /// Ordinals of the other devices granted access to this device's mappings (peers).
+    pub fn peers(&self) -> &[i32] {
+        &self.peers
     }
 
     fn query_total(&self) -> Result<u64, DeviceError> {
@@ -813,13 +844,19 @@ impl Device for CudaDevice {
         let mut failure = check_alloc(r, "cuMemMap", size).err();
         let mapped = failure.is_none();
         if mapped {
-            let desc = CUmemAccessDesc {
-                location: self.location(),
-                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
-            // SAFETY: `[ptr, +size)` is exactly the mapping just made; `desc` is one valid
-            // access descriptor that outlives the call.
-            let r = unsafe { sys::cuMemSetAccess(ptr, bytes, &desc, 1) };
+            let desc: Vec<CUmemAccessDesc> = std::iter::once(self.ordinal)
+                .chain(self.peers.iter().copied())
+                .map(|id| CUmemAccessDesc {
+                    location: CUmemLocation {
+                        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                        id,
+                    },
+                    flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                })
+                .collect();
+            // SAFETY: `[ptr, +size)` is exactly the mapping just made; `desc` holds `desc.len()`
+            // valid access descriptors (this device and its peers) and outlives the call.
+            let r = unsafe { sys::cuMemSetAccess(ptr, bytes, desc.as_ptr(), desc.len()) };
             failure = check_alloc(r, "cuMemSetAccess", size).err();
         }
         if let Some(e) = failure {
