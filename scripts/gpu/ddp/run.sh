@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 wheel=$(ls -t gpu-out/cudamem-*.whl | head -n 1)
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || exit 1
+python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$wheel" || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 timeout 120 python3 scripts/gpu/ddp/two_devices.py 2>&1
 out=$(mktemp)
