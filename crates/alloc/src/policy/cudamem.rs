@@ -15,7 +15,7 @@
 //!    page, PyTorch's retry path unmaps every wholly free page and maps the request again — with
 //!    2 MiB pages that frees far more than 20 MiB pages do, so a job fits a smaller GPU.
 //!
-//! `cudamem` (the default) maps a growth in allocations of up to 8 MiB ([`MAP_CHUNK`]: fewer
+//! `cudamem` (the default) maps a growth in allocations of up to 16 MiB ([`MAP_CHUNK`]: fewer
 //! driver calls than page by page) and stops there: after warm-up it maps and unmaps nothing,
 //! so a training loop pays no steady-state cost.
 //!
@@ -40,13 +40,26 @@ use crate::config::AllocatorConfig;
 /// Page size when the device reports none other: 2 MiB, the VMM granularity of current GPUs.
 pub const PAGE: u64 = 2 << 20;
 
-/// `cudamem` maps a growth in device allocations of up to 8 MiB (4 pages). Measured on an H200
+/// `cudamem` maps a growth in device allocations of up to 16 MiB (8 pages). Measured on an H200
 /// (`docs/gpu-runs/vmm_costs.txt`): one `cuMemCreate`+`cuMemMap`+`cuMemSetAccess` costs about
 /// 40–50 µs whatever its size up to tens of MiB, so mapping page by page made the first pass of
-/// gpt2_train cost 373 ms against expandable segments' 44 ms. With 8 MiB mappings the calls are
-/// ~4× fewer, and the retry path still gives back any wholly free 8 MiB — enough for every
-/// shared trace to fit a smaller GPU than with expandable segments (`cudamem fit`).
-pub const MAP_CHUNK: u64 = 8 << 20;
+/// gpt2_train cost 373 ms against expandable segments' 44 ms. The size trades driver calls
+/// against what the retry path can give back (a mapping is unmapped only when wholly free).
+/// Replayed over the shared traces (2026-11-30), smallest GPU that fits (`cudamem fit`) and
+/// mappings made, by chunk size:
+///
+/// | chunk | gpt2_train fit / maps | bert_varlen_infer fit / maps |
+/// |---|---|---|
+/// | 8 MiB | 12.73 GiB / 1,791 | 648 MiB / 145 |
+/// | 16 MiB | 12.75 GiB / 935 | 668 MiB / 108 |
+/// | 32 MiB | 12.79 GiB / – | 728 MiB / – |
+/// | one per growth | 13.53 GiB / 217 | 734 MiB / 86 |
+///
+/// (expandable segments: 12.76 GiB / 698 and 748 MiB / 41). 16 MiB is the largest chunk that
+/// keeps every shared trace fitting a smaller GPU than expandable segments do, at about half the
+/// calls of 8 MiB; the calls it makes beyond expandable's are a one-time cost of the first
+/// iteration (README, "What the driver calls cost").
+pub const MAP_CHUNK: u64 = 16 << 20;
 
 /// The `cudamem` and `cudamem-compact` policies. See the [module documentation](self).
 #[derive(Clone, Copy, Debug, Default)]
