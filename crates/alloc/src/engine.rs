@@ -223,7 +223,11 @@ impl Engine {
                     b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
                 };
                 if expandable_on {
-                    while blocks[key.3].expandable {
+                    // Only a block followed by unmapped space can lose to a later candidate:
+                    // candidates ascend in size, so any other block's expandable size (its
+                    // size) is at most every later one's. Checking that first skips the peek,
+                    // which costs two more block reads, on almost every call.
+                    while blocks[key.3].expandable && expandable_size(key.3) > key.1 {
                         match it.peek() {
                             Some(next) if expandable_size(next.3) < expandable_size(key.3) => {
                                 key = *next;
