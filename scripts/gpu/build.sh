@@ -81,6 +81,8 @@ ls -l "$out2"
 du -shc "$out" "$out2"
 
 # The side-by-side replay of the shared traces on the simulated GPU and on cuda:0.
-cargo build -p cudamem-replay --release --example replay_gpu
+# And what mappings cost there (vmm_costs: map/unmap timings, cold and warm passes per policy).
+cargo build -p cudamem-replay --release --example replay_gpu --example vmm_costs
 mkdir -p gpu-out/replay
 objcopy --strip-debug target/release/examples/replay_gpu gpu-out/replay/replay_gpu
+objcopy --strip-debug target/release/examples/vmm_costs gpu-out/replay/vmm_costs
