@@ -27,9 +27,25 @@ use cudamem_device::StreamId;
 
 use crate::free_index::FreeIndex;
 
-/// Index of a block in the arena.
+/// Index of a block in the arena. Stored as index + 1 so that `Option<BlockId>` (a block's
+/// `prev`/`next`) takes 4 bytes: the block record is on every path, and smaller is faster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BlockId(pub u32);
+pub struct BlockId(std::num::NonZeroU32);
+
+impl BlockId {
+    /// The smallest id (a lower bound for ranges of keys).
+    pub const MIN: BlockId = BlockId(std::num::NonZeroU32::MIN);
+    /// The id of arena slot `index`.
+    #[inline]
+    pub fn new(index: u32) -> BlockId {
+        BlockId(std::num::NonZeroU32::new(index.wrapping_add(1)).expect("block index overflow"))
+    }
+    /// The arena slot.
+    #[inline]
+    pub fn index(self) -> usize {
+        (self.0.get() - 1) as usize
+    }
+}
 
 /// Index of a segment in the segment table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,8 +80,9 @@ pub struct Block {
     pub mapped: bool,
     /// Events still outstanding before the block may be reused (`record_stream`).
     pub event_count: u32,
-    /// Streams other than `stream` that used the block (`record_stream`).
-    pub stream_uses: Vec<StreamId>,
+    /// Streams other than `stream` that used the block (`record_stream`); boxed because it is
+    /// rare and the block record is on every path.
+    pub stream_uses: Option<Box<Vec<StreamId>>>,
     /// The pool's `get_free_block` call count when the block became free (for GC age).
     pub gc_count_base: i64,
     /// Stack recorded when the block was last allocated (history), if any.
@@ -85,7 +102,7 @@ impl Block {
     /// Free for reuse: not allocated, no pending events, no foreign stream uses.
     #[inline]
     pub fn is_free(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_none()
     }
 }
 
@@ -101,16 +118,16 @@ impl BlockArena {
     pub fn insert(&mut self, b: Block) -> BlockId {
         if let Some(i) = self.vacant.pop() {
             self.slots[i as usize] = Some(b);
-            BlockId(i)
+            BlockId::new(i)
         } else {
             self.slots.push(Some(b));
-            BlockId(self.slots.len() as u32 - 1)
+            BlockId::new(self.slots.len() as u32 - 1)
         }
     }
     /// Removes a block; its id may be reused.
     pub fn remove(&mut self, id: BlockId) -> Block {
-        let b = self.slots[id.0 as usize].take().expect("removing a dead block");
-        self.vacant.push(id.0);
+        let b = self.slots[id.index()].take().expect("removing a dead block");
+        self.vacant.push(id.index() as u32);
         b
     }
     /// Iterates over live blocks.
@@ -118,7 +135,7 @@ impl BlockArena {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| b.as_ref().map(|b| (BlockId(i as u32), b)))
+            .filter_map(|(i, b)| b.as_ref().map(|b| (BlockId::new(i as u32), b)))
     }
     /// Number of live blocks.
     pub fn len(&self) -> usize {
@@ -134,13 +151,13 @@ impl std::ops::Index<BlockId> for BlockArena {
     type Output = Block;
     #[inline]
     fn index(&self, id: BlockId) -> &Block {
-        self.slots[id.0 as usize].as_ref().expect("dead block id")
+        self.slots[id.index()].as_ref().expect("dead block id")
     }
 }
 impl std::ops::IndexMut<BlockId> for BlockArena {
     #[inline]
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
-        self.slots[id.0 as usize].as_mut().expect("dead block id")
+        self.slots[id.index()].as_mut().expect("dead block id")
     }
 }
 
@@ -208,3 +225,15 @@ impl std::hash::Hasher for AddrHasher {
 
 /// Map from device address to block.
 pub type AddrMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_block_record_stays_small() {
+        // Every operation reads and writes block records; keep them to a few cache lines.
+        assert_eq!(std::mem::size_of::<Option<BlockId>>(), 4);
+        assert!(std::mem::size_of::<Option<Block>>() <= 80, "{}", std::mem::size_of::<Option<Block>>());
+    }
+}

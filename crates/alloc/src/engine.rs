@@ -47,6 +47,14 @@ struct Request {
     alloc_size: u64,
 }
 
+/// What a deferred-last-resort `malloc` came to.
+pub(crate) enum Attempt {
+    /// Allocated (or size 0).
+    Done(u64),
+    /// Everything short of releasing the device's whole cache failed.
+    NeedsDeviceRelease,
+}
+
 /// The allocator state of one device. See the [module documentation](self).
 #[derive(Debug)]
 pub struct Engine {
@@ -124,38 +132,77 @@ impl Engine {
     /// Allocates `orig_size` bytes usable on `stream`. A size of 0 returns address 0 and changes
     /// nothing, as PyTorch's allocator does.
     pub fn malloc(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        match self.try_malloc(orig_size, stream, false)? {
+            Attempt::Done(p) => Ok(p),
+            Attempt::NeedsDeviceRelease => unreachable!("the last resort is not deferred"),
+        }
+    }
+
+    /// `malloc`, except that with `defer_last_resort` the last step of the fallback ladder
+    /// (release every cached block of the device, retry) is left to the caller, who owns the
+    /// other streams' caches ([`crate::sharded`]): it then gets `NeedsDeviceRelease` and calls
+    /// [`Engine::malloc_last_resort`] once it has released them.
+    pub(crate) fn try_malloc(
+        &mut self,
+        orig_size: u64,
+        stream: StreamId,
+        defer_last_resort: bool,
+    ) -> Result<Attempt, AllocError> {
         if orig_size == 0 {
-            return Ok(0);
+            return Ok(Attempt::Done(0));
         }
         if orig_size >= ONE_EXABYTE {
             return Err(self.out_of_memory_error(orig_size, orig_size, true));
         }
         self.process_events();
-        let size = self.policy.round_size(&self.config, orig_size);
-        let pool = self.policy.pool_for(&self.config, size);
-        let alloc_size = self.policy.allocation_size(&self.config, size);
-        let req = Request {
-            size,
-            stream,
-            pool,
-            alloc_size,
-        };
-
+        let req = self.request(orig_size, stream);
         let mut block = self.get_free_block(&req);
         if block.is_none() {
-            block = self.allocate_new(&req)?;
+            block = self.allocate_new(&req, defer_last_resort)?;
+            if block.is_none() && defer_last_resort {
+                return Ok(Attempt::NeedsDeviceRelease);
+            }
         }
         let Some(block) = block else {
             return Err(self.raise_oom(&req, orig_size));
         };
+        Ok(Attempt::Done(self.hand_out(block, &req, orig_size)))
+    }
+
+    /// The last step of the ladder for a deferred `try_malloc`: release this engine's cached
+    /// blocks and retry (the caller released the other engines' first).
+    pub(crate) fn malloc_last_resort(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        let req = self.request(orig_size, stream);
+        self.release_cached_blocks()?;
+        match self.alloc_block(&req, true)? {
+            Some(block) => Ok(self.hand_out(block, &req, orig_size)),
+            None => Err(self.raise_oom(&req, orig_size)),
+        }
+    }
+
+    #[inline]
+    fn request(&self, orig_size: u64, stream: StreamId) -> Request {
+        let size = self.policy.round_size(&self.config, orig_size);
+        let pool = self.policy.pool_for(&self.config, size);
+        let alloc_size = self.policy.allocation_size(&self.config, size);
+        Request {
+            size,
+            stream,
+            pool,
+            alloc_size,
+        }
+    }
+
+    #[inline]
+    fn hand_out(&mut self, block: BlockId, req: &Request, orig_size: u64) -> u64 {
         let split = self
             .policy
-            .should_split(&self.config, &self.blocks[block], size, self.is_small(pool));
-        Ok(self.alloc_found_block(block, &req, orig_size, split))
+            .should_split(&self.config, &self.blocks[block], req.size, self.is_small(req.pool));
+        self.alloc_found_block(block, req, orig_size, split)
     }
 
     /// The fallback ladder of PyTorch's malloc, as named steps.
-    fn allocate_new(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
+    fn allocate_new(&mut self, req: &Request, defer_last_resort: bool) -> Result<Option<BlockId>, AllocError> {
         if self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0 {
             self.garbage_collect_cached_blocks()?;
         }
@@ -166,6 +213,9 @@ impl Engine {
             if let Some(b) = self.alloc_block(req, false)? {
                 return Ok(Some(b));
             }
+        }
+        if defer_last_resort {
+            return Ok(None);
         }
         self.release_cached_blocks()?;
         self.alloc_block(req, true)
@@ -321,7 +371,7 @@ impl Engine {
             allocated: false,
             mapped: true,
             event_count: 0,
-            stream_uses: Vec::new(),
+            stream_uses: None,
             gc_count_base: 0,
             stack: None,
             expandable,
@@ -423,7 +473,7 @@ impl Engine {
     fn find_expandable_block(&mut self, req: &Request, page_size: u64) -> Result<BlockId, AllocError> {
         let allocatable = |blocks: &BlockArena, b: Option<BlockId>| b.filter(|&b| blocks[b].is_free());
         let pool = &self.pools[req.pool.0 as usize];
-        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId(0))..) {
+        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId::MIN)..) {
             if stream != req.stream {
                 break;
             }
@@ -643,7 +693,7 @@ impl Engine {
         if std::mem::take(&mut self.blocks[id].oversize) {
             self.stats.oversize_allocations.decrease(1);
         }
-        if self.blocks[id].stream_uses.is_empty() {
+        if self.blocks[id].stream_uses.is_none() {
             self.free_block(id);
         } else {
             self.insert_events(id);
@@ -744,14 +794,17 @@ impl Engine {
             return Err(self.invalid_pointer(ptr));
         };
         let b = &mut self.blocks[id];
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            let uses = b.stream_uses.get_or_insert_with(Default::default);
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
         }
         Ok(())
     }
 
     fn insert_events(&mut self, id: BlockId) {
-        let streams = std::mem::take(&mut self.blocks[id].stream_uses);
+        let streams = self.blocks[id].stream_uses.take().map_or_else(Vec::new, |v| *v);
         for s in streams {
             match self.device.record_event(s) {
                 Ok(ev) => {

@@ -329,16 +329,16 @@ mod tests {
             let mut idx = FreeIndex::default();
             let mut set = BTreeSet::new();
             for (s, sz, a, add) in ops {
-                let k = (StreamId(s), sz * 512, a * 4096, BlockId(a as u32));
+                let k = (StreamId(s), sz * 512, a * 4096, BlockId::new(a as u32));
                 if add { prop_assert_eq!(idx.insert(k), set.insert(k)); } else { prop_assert_eq!(idx.remove(&k), set.remove(&k)); }
             }
             prop_assert_eq!(idx.len(), set.len());
             prop_assert_eq!(idx.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
             for s in 0..3 {
                 let st = StreamId(s);
-                let want: Vec<_> = set.range((st, q * 512, 0, BlockId(0))..).take_while(|k| k.0 == st).copied().collect();
+                let want: Vec<_> = set.range((st, q * 512, 0, BlockId::MIN)..).take_while(|k| k.0 == st).copied().collect();
                 prop_assert_eq!(idx.from_size(st, q * 512).collect::<Vec<_>>(), want);
-                let want: Vec<_> = set.range(..(st, q * 512, 0, BlockId(0))).rev().take_while(|k| k.0 == st).copied().collect();
+                let want: Vec<_> = set.range(..(st, q * 512, 0, BlockId::MIN)).rev().take_while(|k| k.0 == st).copied().collect();
                 prop_assert_eq!(idx.below_size(st, q * 512).collect::<Vec<_>>(), want);
             }
             let mut cur = None;

@@ -16,11 +16,14 @@
 //! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
 //! | history (PyTorch's memory trace) and snapshots | [`history`], [`snapshot`] |
 //! | executable invariants | [`invariants`] |
+//! | threads on their own streams without a device-wide lock | [`sharded`] |
 //! | errors | [`error`] |
 //!
 //! ## Locking
 //! One mutex per device allocator guards all of its state (as PyTorch's per-device mutex does);
 //! the device is called with the lock held. `CachingAllocator` is `Send + Sync`.
+//! [`ShardedAllocator`] gives each group of streams its own engine and mutex instead, with the
+//! same decisions and exact device-wide statistics (see [`sharded`]).
 
 #![warn(missing_docs)]
 
@@ -34,6 +37,7 @@ pub mod history;
 pub mod invariants;
 pub mod policy;
 pub mod segment;
+pub mod sharded;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
@@ -47,6 +51,7 @@ pub use engine::Engine;
 pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use policy::Policy;
+pub use sharded::ShardedAllocator;
 pub use stats::DeviceStats;
 pub use summary::StatsDict;
 

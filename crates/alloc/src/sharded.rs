@@ -1,0 +1,595 @@
+//! # Per-stream shards: a device allocator whose threads do not wait for each other
+//!
+//! [`crate::CachingAllocator`] guards a device with one mutex, as PyTorch does, so threads that
+//! allocate on their own streams queue behind each other. [`ShardedAllocator`] removes that
+//! queue without changing a decision: PyTorch's rules never let one stream reuse another's
+//! block or segment (best fit, splitting, merging and expandable segments are all per stream),
+//! so the streams can be split among independent [`Engine`]s — **shards**, each behind its own
+//! mutex — and every block ends up exactly where the single engine would have put it.
+//!
+//! What crosses streams, and how it stays exact:
+//! * **Statistics.** Counts and totals (`allocated`, `freed`, `num_*`) are sums over shards.
+//!   Peaks are not: the peak of a sum is not the sum of peaks. After each operation a shard
+//!   appends to its own log the change of the 20 "current" values (9 stat arrays × small/large
+//!   pool, plus the two oversize counters) with a timestamp taken under the shard's lock. A
+//!   merge (when a log fills, and before every read of the stats) replays the logs of all
+//!   shards in timestamp order onto one aggregate and tracks its peaks — the peaks of one
+//!   linear order of all operations, consistent with real time: the timestamp is the CPU's
+//!   invariant time-stamp counter (`rdtscp`, synchronised across cores; used only where the
+//!   kernel's clocksource is `tsc`, i.e. where Linux checked that), otherwise a shared counter
+//!   (same order, but a write every operation shares). No operation writes memory another
+//!   shard's operations touch, so the fast path scales.
+//! * **Out of memory.** PyTorch's last resort frees every cached block of the device, including
+//!   other streams'. A shard that runs out releases its lock, takes every shard's lock in index
+//!   order (the only place a thread holds two, so no deadlock), empties the other shards'
+//!   caches and retries once; the error, if it still fails, reports the device's totals.
+//! * **Which shard.** A stream is given a shard the first time it is seen (round robin, so the
+//!   first [`SHARDS`] streams never share one) and keeps it; the table is read without locks.
+//!   `free` is told the allocation's stream (PyTorch's free hook and [`crate`]'s buffers know
+//!   it); given a wrong one, it finds the owner by asking every shard.
+//!
+//! Not supported here (use [`crate::CachingAllocator`]): a per-process memory fraction, the
+//! history and snapshots — each needs one device-wide view per operation, which is what
+//! sharding removes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use cudamem_device::{Device, DevicePtr, StreamId};
+
+use crate::config::AllocatorConfig;
+use crate::engine::{Attempt, Engine};
+use crate::error::AllocError;
+use crate::policy;
+use crate::stats::{DeviceStats, Stat};
+use crate::summary::{self, StatsDict};
+
+/// Number of shards of a device: streams beyond this many share shards (correct, but they
+/// contend).
+pub const SHARDS: usize = 64;
+/// A shard's log is merged when it holds this many operations.
+const MERGE_AT: usize = 4096;
+/// ...and its writer waits for a merge (instead of leaving it to a merge in progress) beyond
+/// this many, so that logs stay bounded.
+const MERGE_MUST: usize = 16 * MERGE_AT;
+/// Slots of the stream → shard table.
+const TABLE: usize = 1024;
+/// The "current" values whose peaks are tracked across shards: 9 arrays × (small, large), then
+/// `oversize_allocations`, `oversize_segments`.
+const N: usize = 20;
+
+/// The timestamp of the operation just done, taken under the shard's lock.
+mod clock {
+    use super::*;
+
+    static FALLBACK: AtomicU64 = AtomicU64::new(0);
+
+    /// Whether the time-stamp counter orders events across cores on this machine.
+    fn tsc_is_reliable() -> bool {
+        static OK: OnceLock<bool> = OnceLock::new();
+        *OK.get_or_init(|| {
+            cfg!(target_arch = "x86_64")
+                && std::env::var_os("CUDAMEM_SHARD_CLOCK").is_none_or(|v| v != "counter")
+                && std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+                    .is_ok_and(|s| s.trim() == "tsc")
+        })
+    }
+
+    /// What orders the operations: `"tsc"` or `"counter"`.
+    pub fn kind() -> &'static str {
+        if tsc_is_reliable() {
+            "tsc"
+        } else {
+            "counter"
+        }
+    }
+
+    #[inline]
+    pub fn now() -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if tsc_is_reliable() {
+            let mut aux = 0u32;
+            // SAFETY: `rdtscp` exists on every x86-64 CPU whose kernel uses the TSC as its
+            // clocksource; it reads a counter and writes `aux`, nothing else. It waits for the
+            // instructions before it, so the stamp follows the operation's state changes.
+            return unsafe { core::arch::x86_64::__rdtscp(&mut aux) };
+        }
+        FALLBACK.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+/// The tracked "current" values of a stats record.
+#[inline]
+fn currents(s: &DeviceStats) -> [i64; N] {
+    let a = [
+        &s.active,
+        &s.active_bytes,
+        &s.allocated_bytes,
+        &s.allocation,
+        &s.inactive_split,
+        &s.inactive_split_bytes,
+        &s.requested_bytes,
+        &s.reserved_bytes,
+        &s.segment,
+    ];
+    let mut c = [0i64; N];
+    for (i, arr) in a.iter().enumerate() {
+        c[2 * i] = arr.0[1].current;
+        c[2 * i + 1] = arr.0[2].current;
+    }
+    c[18] = s.oversize_allocations.current;
+    c[19] = s.oversize_segments.current;
+    c
+}
+
+/// The stat arrays of a stats record, in the order of [`currents`].
+fn arrays_mut(s: &mut DeviceStats) -> [&mut crate::stats::StatArray; 9] {
+    [
+        &mut s.active,
+        &mut s.active_bytes,
+        &mut s.allocated_bytes,
+        &mut s.allocation,
+        &mut s.inactive_split,
+        &mut s.inactive_split_bytes,
+        &mut s.requested_bytes,
+        &mut s.reserved_bytes,
+        &mut s.segment,
+    ]
+}
+
+/// Changes of the tracked values, one entry per operation that changed any.
+#[derive(Debug, Default)]
+struct Log {
+    /// (timestamp, bit i set if value i changed)
+    entries: Vec<(u64, u32)>,
+    /// The changes, in entry order and bit order.
+    deltas: Vec<i64>,
+}
+
+impl Log {
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.deltas.clear();
+    }
+}
+
+/// One shard: an engine and the log of its operations.
+#[derive(Debug)]
+struct ShardState {
+    engine: Engine,
+    log: Log,
+    /// The tracked values as of the last logged operation.
+    last: [i64; N],
+}
+
+impl ShardState {
+    /// Logs what the operation just done changed. Call under the shard's lock, after every
+    /// operation that may change stats.
+    #[inline]
+    fn record(&mut self) {
+        let now = currents(&self.engine.stats);
+        let mut mask = 0u32;
+        for i in 0..N {
+            let d = now[i] - self.last[i];
+            if d != 0 {
+                mask |= 1 << i;
+                self.log.deltas.push(d);
+            }
+        }
+        if mask != 0 {
+            self.log.entries.push((clock::now(), mask));
+            self.last = now;
+        }
+    }
+}
+
+/// Cache-line aligned so that shards do not share lines.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard(Mutex<ShardState>);
+
+/// The merged view: the tracked values of the whole device and their peaks.
+#[derive(Debug)]
+struct Aggregate {
+    current: [i64; N],
+    /// Peaks of the 18 per-pool values and the 2 oversize counters.
+    peak: [i64; N],
+    /// Peaks of the 9 arrays' `all` (small + large).
+    peak_all: [i64; 9],
+    /// Per shard: operations taken from its log but stamped after the last merge's cut.
+    pending: Vec<Log>,
+    /// Per shard: read position in `pending` (entries, deltas).
+    pos: Vec<(usize, usize)>,
+}
+
+impl Aggregate {
+    #[inline]
+    fn apply(&mut self, mask: u32, deltas: &[i64]) {
+        let mut k = 0;
+        let mut m = mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            self.current[i] += deltas[k];
+            k += 1;
+            self.peak[i] = self.peak[i].max(self.current[i]);
+            if i < 18 {
+                let a = i / 2;
+                let all = self.current[2 * a] + self.current[2 * a + 1];
+                self.peak_all[a] = self.peak_all[a].max(all);
+            }
+        }
+    }
+}
+
+/// A device allocator with one engine per group of streams. See the
+/// [module documentation](self).
+#[derive(Debug)]
+pub struct ShardedAllocator {
+    shards: Box<[Shard]>,
+    /// Stream → shard: key `stream + 1` (0 = empty slot), value the shard + 1 (0 = being set).
+    table: Box<[(AtomicU64, AtomicU64)]>,
+    next_shard: AtomicU64,
+    aggregate: Mutex<Aggregate>,
+    device: Arc<dyn Device>,
+    policy: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State is consistent between operations; a panic under the lock is reported by itself.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ShardedAllocator {
+    /// An allocator for `device` with the policy named `policy` (as on the command line) and
+    /// the configuration `config`. A per-process memory fraction is refused (see the module
+    /// documentation).
+    pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: &str) -> Result<Self, AllocError> {
+        if config.per_process_memory_fraction < 1.0 {
+            return Err(AllocError::InvalidArgument(
+                "a per-process memory fraction needs one device-wide view: use the unsharded allocator".into(),
+            ));
+        }
+        let mut shards = Vec::with_capacity(SHARDS);
+        for _ in 0..SHARDS {
+            let mut cfg = config.clone();
+            let p = policy::by_name(policy, &mut cfg).map_err(AllocError::InvalidArgument)?;
+            shards.push(Shard(Mutex::new(ShardState {
+                engine: Engine::new(device.clone(), cfg, p),
+                log: Log::default(),
+                last: [0; N],
+            })));
+        }
+        Ok(ShardedAllocator {
+            shards: shards.into_boxed_slice(),
+            table: (0..TABLE).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
+            next_shard: AtomicU64::new(0),
+            aggregate: Mutex::new(Aggregate {
+                current: [0; N],
+                peak: [0; N],
+                peak_all: [0; 9],
+                pending: (0..SHARDS).map(|_| Log::default()).collect(),
+                pos: vec![(0, 0); SHARDS],
+            }),
+            device,
+            policy: policy.to_string(),
+        })
+    }
+
+    /// What orders operations across shards on this machine: `"tsc"` (the CPU's time-stamp
+    /// counter) or `"counter"` (a shared counter).
+    pub fn clock_kind() -> &'static str {
+        clock::kind()
+    }
+
+    /// The shard of a stream (assigned at first sight, then fixed).
+    #[inline]
+    fn shard_of(&self, stream: StreamId) -> usize {
+        let key = stream.0.wrapping_add(1).max(1);
+        let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize;
+        for probe in 0..TABLE {
+            let (k, v) = &self.table[(h + probe) % TABLE];
+            let mut seen = k.load(Ordering::Acquire);
+            if seen == 0 {
+                // Claim the empty slot for this stream, then publish its shard (+1; 0 = not yet).
+                match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % SHARDS as u64;
+                        v.store(shard + 1, Ordering::Release);
+                        return shard as usize;
+                    }
+                    Err(x) => seen = x,
+                }
+            }
+            if seen == key {
+                loop {
+                    // The claimer stores the shard right after its claim.
+                    let s = v.load(Ordering::Acquire);
+                    if s != 0 {
+                        return (s - 1) as usize;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        h % SHARDS // table full: a fixed hash (a stream never moves)
+    }
+
+    fn shard(&self, i: usize) -> MutexGuard<'_, ShardState> {
+        lock(&self.shards[i].0)
+    }
+
+    /// After an operation on shard `i` whose log has `len` entries: merge when due.
+    #[inline]
+    fn after_op(&self, len: usize) {
+        if len >= MERGE_AT {
+            if len >= MERGE_MUST {
+                self.merge(&mut lock(&self.aggregate));
+            } else if let Ok(mut agg) = self.aggregate.try_lock() {
+                self.merge(&mut agg);
+            }
+        }
+    }
+
+    /// Moves every shard's log into the aggregate and replays, in timestamp order, every
+    /// operation stamped before the start of this merge. (Later ones may still be missing from
+    /// other shards' logs; they wait for the next merge.)
+    fn merge(&self, agg: &mut Aggregate) {
+        let cut = clock::now();
+        let mut active = Vec::new();
+        for (i, s) in self.shards.iter().enumerate() {
+            let mut st = lock(&s.0);
+            if st.log.entries.is_empty() {
+                if agg.pos[i].0 < agg.pending[i].entries.len() {
+                    active.push(i);
+                }
+                continue;
+            }
+            let p = &mut agg.pending[i];
+            if p.entries.is_empty() {
+                std::mem::swap(p, &mut st.log);
+            } else {
+                p.entries.extend_from_slice(&st.log.entries);
+                p.deltas.extend_from_slice(&st.log.deltas);
+                st.log.clear();
+            }
+            active.push(i);
+        }
+        loop {
+            let mut best: Option<(u64, usize)> = None;
+            for &i in &active {
+                let (e, _) = agg.pos[i];
+                if let Some(&(t, _)) = agg.pending[i].entries.get(e) {
+                    if t <= cut && best.is_none_or(|(bt, _)| t < bt) {
+                        best = Some((t, i));
+                    }
+                }
+            }
+            let Some((_, i)) = best else { break };
+            let (e, d) = agg.pos[i];
+            let mask = agg.pending[i].entries[e].1;
+            let n = mask.count_ones() as usize;
+            let deltas: [i64; N] = {
+                let mut buf = [0i64; N];
+                buf[..n].copy_from_slice(&agg.pending[i].deltas[d..d + n]);
+                buf
+            };
+            agg.apply(mask, &deltas[..n]);
+            agg.pos[i] = (e + 1, d + n);
+        }
+        for &i in &active {
+            let (e, d) = agg.pos[i];
+            let p = &mut agg.pending[i];
+            if e == p.entries.len() {
+                p.clear();
+            } else {
+                p.entries.drain(..e);
+                p.deltas.drain(..d);
+            }
+            agg.pos[i] = (0, 0);
+        }
+    }
+
+    /// Merges everything logged so far: every operation whose shard lock was released before
+    /// this call is in a log by then, and stamped before the merge's cut.
+    fn merge_all(&self) -> MutexGuard<'_, Aggregate> {
+        let mut agg = lock(&self.aggregate);
+        self.merge(&mut agg);
+        agg
+    }
+
+    /// Allocates `size` bytes for use on `stream`. Size 0 returns address 0.
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        let i = self.shard_of(stream);
+        let mut st = self.shard(i);
+        let r = st.engine.try_malloc(size, stream, true);
+        st.record();
+        let len = st.log.entries.len();
+        drop(st);
+        match r? {
+            Attempt::Done(p) => {
+                self.after_op(len);
+                Ok(p)
+            }
+            Attempt::NeedsDeviceRelease => self.malloc_after_release(i, size, stream),
+        }
+    }
+
+    /// PyTorch's last resort across shards: release every cached block of the device (the
+    /// other shards' first, then this one's), retry once.
+    #[cold]
+    fn malloc_after_release(&self, i: usize, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        let mut all: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
+        for (j, st) in all.iter_mut().enumerate() {
+            if j != i && st.engine.total_allocated_memory() > 0 {
+                st.engine.empty_cache()?;
+                // Shard i's release below counts the device's one synchronisation.
+                st.engine.stats.num_sync_all_streams -= 1;
+                st.record();
+            }
+        }
+        let st = &mut all[i];
+        let r = st.engine.malloc_last_resort(size, stream);
+        st.record();
+        match r {
+            Err(e) if e.is_out_of_memory() => Err(self.device_wide_oom(&all, e)),
+            r => r,
+        }
+    }
+
+    /// An out-of-memory error whose totals are the device's, not one shard's.
+    fn device_wide_oom(&self, all: &[MutexGuard<'_, ShardState>], e: AllocError) -> AllocError {
+        match e {
+            AllocError::OutOfMemory(mut o) => {
+                o.allocated = all.iter().map(|s| s.engine.stats.allocated_bytes.all().current as u64).sum();
+                o.reserved = all.iter().map(|s| s.engine.stats.reserved_bytes.all().current as u64).sum();
+                o.largest_free_block = all.iter().map(|s| s.engine.largest_free_block()).max().unwrap_or(0);
+                AllocError::OutOfMemory(o)
+            }
+            e => e,
+        }
+    }
+
+    /// Frees an allocation made on `stream` (PyTorch's free hook passes it). With a wrong
+    /// stream the owner is searched for; an address no shard handed out is an error.
+    pub fn free(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        let i = self.shard_of(stream);
+        let mut st = self.shard(i);
+        if ptr == 0 || st.engine.allocated.contains_key(&ptr) {
+            let r = st.engine.free(ptr);
+            st.record();
+            let len = st.log.entries.len();
+            drop(st);
+            self.after_op(len);
+            return r;
+        }
+        drop(st);
+        self.free_anywhere(ptr)
+    }
+
+    /// Frees an allocation whose stream the caller does not know (asks every shard).
+    pub fn free_anywhere(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        for i in 0..self.shards.len() {
+            let mut st = self.shard(i);
+            if st.engine.allocated.contains_key(&ptr) {
+                let r = st.engine.free(ptr);
+                st.record();
+                return r;
+            }
+        }
+        // Let shard 0 explain what is wrong with the address.
+        let mut st = self.shard(0);
+        st.engine.free(ptr)
+    }
+
+    /// PyTorch's `recordStream`: the allocation at `ptr`, made on `stream`, is used on `user`.
+    pub fn record_stream(&self, ptr: DevicePtr, stream: StreamId, user: StreamId) -> Result<(), AllocError> {
+        let mut st = self.shard(self.shard_of(stream));
+        st.engine.record_stream(ptr, user)
+    }
+
+    /// Returns every shard's unused cached memory to the device.
+    pub fn empty_cache(&self) -> Result<(), AllocError> {
+        for i in 0..self.shards.len() {
+            let mut st = self.shard(i);
+            st.engine.empty_cache()?;
+            if i > 0 {
+                // One device-wide synchronisation, as the single engine counts it.
+                st.engine.stats.num_sync_all_streams -= 1;
+            }
+            st.record();
+        }
+        Ok(())
+    }
+
+    /// The device's statistics: totals summed over shards, peaks from the merged order.
+    pub fn stats(&self) -> DeviceStats {
+        let agg = self.merge_all();
+        let mut out = DeviceStats::new(0);
+        out.max_split_size = self.shard(0).engine.stats.max_split_size;
+        for i in 0..self.shards.len() {
+            let st = self.shard(i);
+            let s = &st.engine.stats;
+            let add = |o: &mut Stat, x: &Stat| {
+                o.current += x.current;
+                o.allocated += x.allocated;
+                o.freed += x.freed;
+            };
+            let mut src = *s;
+            for (o, x) in arrays_mut(&mut out).into_iter().zip(arrays_mut(&mut src)) {
+                for k in 0..3 {
+                    add(&mut o.0[k], &x.0[k]);
+                }
+            }
+            add(&mut out.oversize_allocations, &s.oversize_allocations);
+            add(&mut out.oversize_segments, &s.oversize_segments);
+            out.num_alloc_retries += s.num_alloc_retries;
+            out.num_ooms += s.num_ooms;
+            out.num_sync_all_streams += s.num_sync_all_streams;
+            out.num_device_alloc += s.num_device_alloc;
+            out.num_device_free += s.num_device_free;
+        }
+        for (a, arr) in arrays_mut(&mut out).into_iter().enumerate() {
+            arr.0[1].peak = agg.peak[2 * a];
+            arr.0[2].peak = agg.peak[2 * a + 1];
+            arr.0[0].peak = agg.peak_all[a];
+        }
+        out.oversize_allocations.peak = agg.peak[18];
+        out.oversize_segments.peak = agg.peak[19];
+        out
+    }
+
+    /// `memory_stats()`: the 122-key dict.
+    pub fn memory_stats(&self) -> StatsDict {
+        self.stats().to_dict()
+    }
+
+    /// `memory_summary(abbreviated)`: PyTorch's table.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        summary::memory_summary(&self.memory_stats(), self.device.index(), abbreviated)
+    }
+
+    /// `reset_peak_memory_stats()`: every peak becomes its current value.
+    pub fn reset_peak_memory_stats(&self) {
+        let mut agg = self.merge_all();
+        agg.peak = agg.current;
+        for a in 0..9 {
+            agg.peak_all[a] = agg.current[2 * a] + agg.current[2 * a + 1];
+        }
+    }
+
+    /// `reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_memory_stats(&self) {
+        for i in 0..self.shards.len() {
+            self.shard(i).engine.stats.reset_accumulated();
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &str {
+        &self.policy
+    }
+
+    /// Checks every shard's invariants and that the merged current values equal the shards'
+    /// sums (slow; for tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let agg = self.merge_all();
+        let mut sum = [0i64; N];
+        for i in 0..self.shards.len() {
+            let st = self.shard(i);
+            crate::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
+            for (s, c) in sum.iter_mut().zip(currents(&st.engine.stats)) {
+                *s += c;
+            }
+        }
+        if sum != agg.current {
+            return Err(format!("merged current values {:?} != shard sums {sum:?}", agg.current));
+        }
+        Ok(())
+    }
+}
