@@ -11,7 +11,7 @@
 //! [`AllocatorConfig`] holds PyTorch's defaults and keys (those of
 //! `AcceleratorAllocatorConfig` and `CUDAAllocatorConfig`, with the HIP
 //! aliases `release_lock_on_hipmalloc` and `pinned_use_hip_host_register`),
-//! plus one key of cudamem's own, `policy`. It also implements PyTorch's
+//! plus two keys of cudamem's own, `policy` and `sharded`. It also implements PyTorch's
 //! `round_size`, the first rounding of every request, because that rounding
 //! is driven by `roundup_power2_divisions`.
 //!
@@ -136,6 +136,10 @@ pub struct AllocatorConfig {
     /// stored here; the engine validates it when it builds the allocator.
     /// `None` (default) lets the engine choose.
     pub policy: Option<String>,
+    /// cudamem only (`sharded:True`): give each group of streams its own engine and lock
+    /// ([`crate::sharded`]), so that threads on their own streams do not wait for each other.
+    /// Read when an allocator is built (the Rust API); default false.
+    pub sharded: bool,
     /// The last settings string, exactly as given, whitespace included;
     /// PyTorch reports it as `allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`.
     pub settings: String,
@@ -159,6 +163,7 @@ impl Default for AllocatorConfig {
             per_process_memory_fraction: 1.0,
             backend: Backend::Native,
             policy: None,
+            sharded: false,
             settings: String::new(),
         }
     }
@@ -397,6 +402,7 @@ impl AllocatorConfig {
                 self.backend = backend;
             }
             "policy" => self.policy = Some(entry.scalar()?.to_string()),
+            "sharded" => self.sharded = entry.boolean()?,
             _ => {
                 return Err(ConfigError::new(
                     key,
@@ -1109,6 +1115,8 @@ mod tests {
             "backend: unknown backend 'hipMallocAsync', expected native or cudaMallocAsync"
         );
         assert_eq!(parse("policy:cudamem").policy.as_deref(), Some("cudamem"));
+        assert!(parse("sharded:True").sharded && !parse("sharded:False").sharded && !parse("").sharded);
+        assert!(error("sharded:yes").starts_with("sharded:"), "{}", error("sharded:yes"));
         assert_eq!(
             parse("policy: pytorch-expandable ").policy.as_deref(),
             Some("pytorch-expandable")

@@ -16,9 +16,9 @@
 //! 2. **Throughput** over threads: T = 1, 2, 4, 8 threads share one allocator; each allocates
 //!    and frees on its own stream, mixed sizes (512 B to 16 MiB, up to four live at once), all
 //!    cache hits after a warm-up, for a fixed time. Reported: alloc+free pairs per second, all
-//!    threads together, and the ratio to one thread. (One mutex guards a device's allocator, as
-//!    in PyTorch, so the aggregate does not grow with threads; the ratio says what contention
-//!    costs.)
+//!    threads together, and the ratio to one thread — once with the default allocator (one
+//!    mutex per device, as in PyTorch), once with `sharded:True` (one engine and mutex per
+//!    group of streams, `cudamem_alloc::sharded`), whose cache-hit pair latency is also shown.
 //!
 //! Prints two markdown tables, then one JSON line per figure. Without a CUDA device (or with
 //! `--device sim`) the cudamem figures are measured on the simulated device, which says so, and
@@ -207,14 +207,14 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let a = match Allocator::new(&device) {
-        Ok(a) => a,
-        Err(e) => {
+    let (a, b) = match (Allocator::new(&device), Allocator::with_config(&device, "sharded:True", "")) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
             eprintln!("gpu_bench: {e}");
             std::process::exit(1);
         }
     };
-    if let Err(e) = run(&a, iters, Duration::from_millis(duration_ms)) {
+    if let Err(e) = run(&a, &b, iters, Duration::from_millis(duration_ms)) {
         eprintln!("gpu_bench: {e}");
         std::process::exit(1);
     }
@@ -228,7 +228,7 @@ fn json_num(x: Option<f64>) -> String {
     x.map_or("null".to_string(), |v| format!("{v:.1}"))
 }
 
-fn run(a: &Allocator, iters: usize, dur: Duration) -> Result<(), Box<dyn std::error::Error>> {
+fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Result<(), Box<dyn std::error::Error>> {
     let dev = a.device_name();
     let (_, total) = a.mem_get_info()?;
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -294,31 +294,58 @@ fn run(a: &Allocator, iters: usize, dur: Duration) -> Result<(), Box<dyn std::er
         ));
     }
 
-    // 2. Throughput over threads.
-    let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
-        .map(|_| a.create_stream())
-        .collect::<Result<_, _>>()?;
-    let mut rows = Vec::new();
-    for &t in &THREADS {
-        rows.push((t, throughput(a, &streams, t, dur)));
-    }
-    let base = rows[0].1;
-    println!();
-    println!(
-        "## throughput: threads sharing one allocator, own streams, mixed sizes, cache hits, {} ms each",
-        dur.as_millis()
-    );
-    println!();
-    println!("| threads | alloc+free pairs/s (all threads) | ratio to 1 thread |");
-    println!("|---:|---:|---:|");
-    for &(t, ops) in &rows {
-        println!("| {t} | {ops:.0} | {:.2} |", ops / base);
-        json.push(format!(
-            "{{\"bench\":\"gpu_bench\",\"figure\":\"throughput_pairs_per_s\",\"device\":\"{dev}\",\
-             \"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
-            ops / base,
+    // 2. Throughput over threads, one mutex per device, then sharded.
+    let mut base_one = f64::NAN;
+    for (label, al) in [("one allocator lock (default)", a), ("sharded:True", sharded)] {
+        if al.is_sharded() {
+            println!();
+            println!("## alloc+free pair latency with sharded:True, ns (median, cache hits, one thread)");
+            println!();
+            println!("| size | sharded:True | default |");
+            println!("|---:|---:|---:|");
+            for (i, size) in SIZES.iter().enumerate() {
+                let (med, _) = cudamem_pairs(al, *size, iters)?;
+                println!("| {} | {med:.0} | {:.0} |", human(*size), ours[i].0);
+                json.push(format!(
+                    "{{\"bench\":\"gpu_bench\",\"figure\":\"pair_latency_ns_sharded\",\"device\":\"{dev}\",\
+                     \"size\":{size},\"cudamem_median_ns\":{med:.1}}}"
+                ));
+            }
+        }
+        let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
+            .map(|_| al.create_stream())
+            .collect::<Result<_, _>>()?;
+        let mut rows = Vec::new();
+        for &t in &THREADS {
+            rows.push((t, throughput(al, &streams, t, dur)));
+        }
+        let base = rows[0].1;
+        if !al.is_sharded() {
+            base_one = base;
+        }
+        println!();
+        println!(
+            "## throughput, {label}: threads on their own streams, mixed sizes, cache hits, {} ms each",
             dur.as_millis()
-        ));
+        );
+        println!();
+        println!("| threads | alloc+free pairs/s (all threads) | ratio to 1 thread | ratio to 1 thread, default allocator |");
+        println!("|---:|---:|---:|---:|");
+        for &(t, ops) in &rows {
+            println!("| {t} | {ops:.0} | {:.2} | {:.2} |", ops / base, ops / base_one);
+            json.push(format!(
+                "{{\"bench\":\"gpu_bench\",\"figure\":\"throughput_pairs_per_s\",\"device\":\"{dev}\",\
+                 \"sharded\":{},\"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
+                al.is_sharded(),
+                ops / base,
+                dur.as_millis()
+            ));
+        }
+        al.check_invariants()?;
+        let st = al.stats();
+        if st.allocated_bytes.all().current != 0 {
+            return Err(format!("{label}: {} bytes still allocated after the threads", st.allocated_bytes.all().current).into());
+        }
     }
     a.check_invariants()?;
     println!();

@@ -113,7 +113,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use cudamem_alloc::config::ConfigError;
-pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
+pub use cudamem_alloc::{
+    AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, ShardedAllocator, StatsDict,
+};
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
@@ -438,6 +440,9 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 struct Inner {
     engine: CachingAllocator,
+    /// With `sharded:True`: serves every allocation instead of `engine` (which then holds
+    /// nothing; it keeps the configuration, the policy's name and the history API).
+    sharded: Option<ShardedAllocator>,
     device: Arc<dyn Device>,
     cuda: Option<Arc<CudaDevice>>,
     sim: Option<Arc<SimDevice>>,
@@ -447,6 +452,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // No buffer is alive (each holds an Allocator clone): everything cached goes back.
         let _ = self.engine.empty_cache();
+        if let Some(s) = &self.sharded {
+            let _ = s.empty_cache();
+        }
     }
 }
 
@@ -521,10 +529,16 @@ impl Allocator {
                 (s.clone(), None, Some(s))
             }
         };
+        let sharded = if config.sharded {
+            Some(ShardedAllocator::new(dev.clone(), config.clone(), &policy)?)
+        } else {
+            None
+        };
         let engine = CachingAllocator::with_policy(dev.clone(), config, &policy)?;
         Ok(Allocator {
             inner: Arc::new(Inner {
                 engine,
+                sharded,
                 device: dev,
                 cuda,
                 sim,
@@ -560,7 +574,10 @@ impl Allocator {
     /// PyTorch does) is [`AllocError::OutOfMemory`], whose `Display` is PyTorch's message.
     pub fn alloc(&self, size: usize, stream: Stream) -> Result<Buffer, Error> {
         self.check_stream(stream)?;
-        let ptr = self.inner.engine.malloc(size as u64, stream.id())?;
+        let ptr = match &self.inner.sharded {
+            Some(s) => s.malloc(size as u64, stream.id())?,
+            None => self.inner.engine.malloc(size as u64, stream.id())?,
+        };
         Ok(Buffer {
             alloc: self.clone(),
             ptr,
@@ -649,43 +666,61 @@ impl Allocator {
 
     /// `torch.cuda.memory_stats()`: the 122 keys, PyTorch's names.
     pub fn memory_stats(&self) -> StatsDict {
-        self.inner.engine.memory_stats()
+        match &self.inner.sharded {
+            Some(s) => s.memory_stats(),
+            None => self.inner.engine.memory_stats(),
+        }
     }
     /// The statistics as a struct.
     pub fn stats(&self) -> DeviceStats {
-        self.inner.engine.stats()
+        match &self.inner.sharded {
+            Some(s) => s.stats(),
+            None => self.inner.engine.stats(),
+        }
     }
     /// `torch.cuda.memory_summary(abbreviated=...)`: PyTorch's table.
     pub fn memory_summary(&self, abbreviated: bool) -> String {
-        self.inner.engine.memory_summary(abbreviated)
+        match &self.inner.sharded {
+            Some(s) => s.memory_summary(abbreviated),
+            None => self.inner.engine.memory_summary(abbreviated),
+        }
     }
     /// `torch.cuda.memory_allocated()`: bytes of live buffers (rounded sizes).
     pub fn memory_allocated(&self) -> u64 {
-        self.inner.engine.memory_allocated()
+        self.stats().allocated_bytes.all().current as u64
     }
     /// `torch.cuda.max_memory_allocated()`.
     pub fn max_memory_allocated(&self) -> u64 {
-        self.inner.engine.max_memory_allocated()
+        self.stats().allocated_bytes.all().peak as u64
     }
     /// `torch.cuda.memory_reserved()`: bytes held from the device (cached or in use).
     pub fn memory_reserved(&self) -> u64 {
-        self.inner.engine.memory_reserved()
+        self.stats().reserved_bytes.all().current as u64
     }
     /// `torch.cuda.max_memory_reserved()`.
     pub fn max_memory_reserved(&self) -> u64 {
-        self.inner.engine.max_memory_reserved()
+        self.stats().reserved_bytes.all().peak as u64
     }
     /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak_memory_stats(&self) {
-        self.inner.engine.reset_peak_memory_stats()
+        match &self.inner.sharded {
+            Some(s) => s.reset_peak_memory_stats(),
+            None => self.inner.engine.reset_peak_memory_stats(),
+        }
     }
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated_memory_stats(&self) {
-        self.inner.engine.reset_accumulated_memory_stats()
+        match &self.inner.sharded {
+            Some(s) => s.reset_accumulated_memory_stats(),
+            None => self.inner.engine.reset_accumulated_memory_stats(),
+        }
     }
     /// `torch.cuda.empty_cache()`: waits for pending frees, then returns every cached segment
     /// (and every free page of expandable segments) to the device.
     pub fn empty_cache(&self) -> Result<(), Error> {
+        if let Some(s) = &self.inner.sharded {
+            s.empty_cache()?;
+        }
         Ok(self.inner.engine.empty_cache()?)
     }
     /// `torch.cuda.mem_get_info()`: `(free, total)` bytes of the device.
@@ -695,10 +730,12 @@ impl Allocator {
     /// `torch.cuda.set_per_process_memory_fraction(fraction)`: limits the memory this allocator
     /// may hold to `fraction` (in [0, 1]) of the device's.
     pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
+        self.not_sharded("set_per_process_memory_fraction")?;
         Ok(self.inner.engine.set_memory_fraction(fraction)?)
     }
     /// `torch.cuda.memory._set_allocator_settings(settings)`: changes settings at run time.
     pub fn set_settings(&self, settings: &str) -> Result<(), Error> {
+        self.not_sharded("set_settings")?;
         Ok(self.inner.engine.set_settings(settings)?)
     }
     /// The configuration in force.
@@ -713,6 +750,9 @@ impl Allocator {
     /// one.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.inner.engine.check_invariants()?;
+        if let Some(s) = &self.inner.sharded {
+            s.check_invariants()?;
+        }
         if let Some(s) = &self.inner.sim {
             s.check()?;
         }
@@ -749,7 +789,20 @@ impl Allocator {
     pub fn sim_device(&self) -> Option<&Arc<SimDevice>> {
         self.inner.sim.as_ref()
     }
-    /// The engine, for calls this facade does not forward (history, settings, locking).
+    /// Whether allocations go to per-stream shards (`sharded:True`).
+    pub fn is_sharded(&self) -> bool {
+        self.inner.sharded.is_some()
+    }
+    fn not_sharded(&self, what: &str) -> Result<(), Error> {
+        if self.inner.sharded.is_some() {
+            return Err(Error::Alloc(AllocError::InvalidArgument(format!(
+                "{what} needs one device-wide view, which a sharded allocator (sharded:True) does not have"
+            ))));
+        }
+        Ok(())
+    }
+    /// The engine, for calls this facade does not forward (history, settings, locking). With
+    /// `sharded:True` it serves no allocation (they go to the shards).
     pub fn caching_allocator(&self) -> &CachingAllocator {
         &self.inner.engine
     }
@@ -837,13 +890,19 @@ impl Buffer {
         if self.ptr == 0 {
             return Ok(());
         }
-        Ok(self.alloc.inner.engine.record_stream(self.ptr, stream.id())?)
+        match &self.alloc.inner.sharded {
+            Some(s) => Ok(s.record_stream(self.ptr, self.stream.id(), stream.id())?),
+            None => Ok(self.alloc.inner.engine.record_stream(self.ptr, stream.id())?),
+        }
     }
 
     /// Frees the buffer now, reporting a failure (which `Drop` cannot).
     pub fn free(mut self) -> Result<(), Error> {
         self.live = false;
-        Ok(self.alloc.inner.engine.free(self.ptr)?)
+        match &self.alloc.inner.sharded {
+            Some(s) => Ok(s.free(self.ptr, self.stream.id())?),
+            None => Ok(self.alloc.inner.engine.free(self.ptr)?),
+        }
     }
 
     fn cuda(&self, what: &str) -> Result<&Arc<CudaDevice>, Error> {
@@ -941,7 +1000,10 @@ impl Drop for Buffer {
         if self.live {
             // Cannot fail for a live buffer of this allocator unless the engine has a bug;
             // `Buffer::free` reports errors for callers who want them.
-            let _ = self.alloc.inner.engine.free(self.ptr);
+            let _ = match &self.alloc.inner.sharded {
+                Some(s) => s.free(self.ptr, self.stream.id()),
+                None => self.alloc.inner.engine.free(self.ptr),
+            };
         }
     }
 }
