@@ -203,6 +203,58 @@ struct Aggregate {
 }
 
 impl Aggregate {
+    /// Moves shard `i`'s log behind what is pending from it.
+    fn take_log(&mut self, i: usize, st: &mut ShardState) {
+        if st.log.entries.is_empty() {
+            return;
+        }
+        let p = &mut self.pending[i];
+        if p.entries.is_empty() {
+            std::mem::swap(p, &mut st.log);
+        } else {
+            p.entries.extend_from_slice(&st.log.entries);
+            p.deltas.extend_from_slice(&st.log.deltas);
+            st.log.clear();
+        }
+    }
+
+    /// Applies, in timestamp order, every pending operation stamped at or before `cut`.
+    fn replay(&mut self, cut: u64) {
+        let active: Vec<usize> = (0..self.pending.len())
+            .filter(|&i| !self.pending[i].entries.is_empty())
+            .collect();
+        loop {
+            let mut best: Option<(u64, usize)> = None;
+            for &i in &active {
+                let (e, _) = self.pos[i];
+                if let Some(&(t, _)) = self.pending[i].entries.get(e) {
+                    if t <= cut && best.is_none_or(|(bt, _)| t < bt) {
+                        best = Some((t, i));
+                    }
+                }
+            }
+            let Some((_, i)) = best else { break };
+            let (e, d) = self.pos[i];
+            let mask = self.pending[i].entries[e].1;
+            let n = mask.count_ones() as usize;
+            let mut buf = [0i64; N];
+            buf[..n].copy_from_slice(&self.pending[i].deltas[d..d + n]);
+            self.apply(mask, &buf[..n]);
+            self.pos[i] = (e + 1, d + n);
+        }
+        for &i in &active {
+            let (e, d) = self.pos[i];
+            let p = &mut self.pending[i];
+            if e == p.entries.len() {
+                p.clear();
+            } else {
+                p.entries.drain(..e);
+                p.deltas.drain(..d);
+            }
+            self.pos[i] = (0, 0);
+        }
+    }
+
     #[inline]
     fn apply(&mut self, mask: u32, deltas: &[i64]) {
         let mut k = 0;
@@ -336,80 +388,48 @@ impl ShardedAllocator {
     /// other shards' logs; they wait for the next merge.)
     fn merge(&self, agg: &mut Aggregate) {
         let cut = clock::now();
-        let mut active = Vec::new();
         for (i, s) in self.shards.iter().enumerate() {
-            let mut st = lock(&s.0);
-            if st.log.entries.is_empty() {
-                if agg.pos[i].0 < agg.pending[i].entries.len() {
-                    active.push(i);
-                }
-                continue;
-            }
-            let p = &mut agg.pending[i];
-            if p.entries.is_empty() {
-                std::mem::swap(p, &mut st.log);
-            } else {
-                p.entries.extend_from_slice(&st.log.entries);
-                p.deltas.extend_from_slice(&st.log.deltas);
-                st.log.clear();
-            }
-            active.push(i);
+            agg.take_log(i, &mut lock(&s.0));
         }
-        loop {
-            let mut best: Option<(u64, usize)> = None;
-            for &i in &active {
-                let (e, _) = agg.pos[i];
-                if let Some(&(t, _)) = agg.pending[i].entries.get(e) {
-                    if t <= cut && best.is_none_or(|(bt, _)| t < bt) {
-                        best = Some((t, i));
-                    }
-                }
-            }
-            let Some((_, i)) = best else { break };
-            let (e, d) = agg.pos[i];
-            let mask = agg.pending[i].entries[e].1;
-            let n = mask.count_ones() as usize;
-            let deltas: [i64; N] = {
-                let mut buf = [0i64; N];
-                buf[..n].copy_from_slice(&agg.pending[i].deltas[d..d + n]);
-                buf
-            };
-            agg.apply(mask, &deltas[..n]);
-            agg.pos[i] = (e + 1, d + n);
-        }
-        for &i in &active {
-            let (e, d) = agg.pos[i];
-            let p = &mut agg.pending[i];
-            if e == p.entries.len() {
-                p.clear();
-            } else {
-                p.entries.drain(..e);
-                p.deltas.drain(..d);
-            }
-            agg.pos[i] = (0, 0);
-        }
+        agg.replay(cut);
     }
 
-    /// Merges everything logged so far: every operation whose shard lock was released before
-    /// this call is in a log by then, and stamped before the merge's cut.
-    fn merge_all(&self) -> MutexGuard<'_, Aggregate> {
+    /// A consistent view: the aggregate with every operation merged, and every shard locked
+    /// (in index order, as the out-of-memory path locks them), so that nothing changes until
+    /// the guards are dropped.
+    fn snapshot(&self) -> (MutexGuard<'_, Aggregate>, Vec<MutexGuard<'_, ShardState>>) {
         let mut agg = lock(&self.aggregate);
-        self.merge(&mut agg);
-        agg
+        let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
+        for (i, st) in shards.iter_mut().enumerate() {
+            agg.take_log(i, st);
+        }
+        agg.replay(u64::MAX); // every shard is locked: every operation is in the logs
+        (agg, shards)
     }
 
     /// Allocates `size` bytes for use on `stream`. Size 0 returns address 0.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+        self.malloc_noting(size, stream).map(|(p, _)| p)
+    }
+
+    /// [`malloc`](Self::malloc), also naming the shard if the allocation is now its only live
+    /// one (its count of live allocations went from 0 to 1). An owner that must outlive its
+    /// allocations can then hold itself alive per shard instead of per allocation — which would
+    /// make every thread write one shared reference count (the Rust API does this), and
+    /// [`free_noting`](Self::free_noting) names the shard when its count is back to 0.
+    pub fn malloc_noting(&self, size: u64, stream: StreamId) -> Result<(DevicePtr, Option<usize>), AllocError> {
         let i = self.shard_of(stream);
         let mut st = self.shard(i);
+        let before = st.engine.stats.allocation.all().current;
         let r = st.engine.try_malloc(size, stream, true);
         st.record();
+        let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         let len = st.log.entries.len();
         drop(st);
         match r? {
             Attempt::Done(p) => {
                 self.after_op(len);
-                Ok(p)
+                Ok((p, first))
             }
             Attempt::NeedsDeviceRelease => self.malloc_after_release(i, size, stream),
         }
@@ -418,7 +438,7 @@ impl ShardedAllocator {
     /// PyTorch's last resort across shards: release every cached block of the device (the
     /// other shards' first, then this one's), retry once.
     #[cold]
-    fn malloc_after_release(&self, i: usize, size: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
+    fn malloc_after_release(&self, i: usize, size: u64, stream: StreamId) -> Result<(DevicePtr, Option<usize>), AllocError> {
         let mut all: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
         for (j, st) in all.iter_mut().enumerate() {
             if j != i && st.engine.total_allocated_memory() > 0 {
@@ -429,11 +449,13 @@ impl ShardedAllocator {
             }
         }
         let st = &mut all[i];
+        let before = st.engine.stats.allocation.all().current;
         let r = st.engine.malloc_last_resort(size, stream);
         st.record();
+        let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         match r {
             Err(e) if e.is_out_of_memory() => Err(self.device_wide_oom(&all, e)),
-            r => r,
+            r => r.map(|p| (p, first)),
         }
     }
 
@@ -453,33 +475,56 @@ impl ShardedAllocator {
     /// Frees an allocation made on `stream` (PyTorch's free hook passes it). With a wrong
     /// stream the owner is searched for; an address no shard handed out is an error.
     pub fn free(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        self.free_noting(ptr, stream).map(|_| ())
+    }
+
+    /// [`free`](Self::free), also naming the allocation's shard if it now has no live
+    /// allocation (see [`malloc_noting`](Self::malloc_noting)).
+    pub fn free_noting(&self, ptr: DevicePtr, stream: StreamId) -> Result<Option<usize>, AllocError> {
+        if ptr == 0 {
+            return Ok(None);
+        }
         let i = self.shard_of(stream);
         let mut st = self.shard(i);
-        if ptr == 0 || st.engine.allocated.contains_key(&ptr) {
-            let r = st.engine.free(ptr);
-            st.record();
-            let len = st.log.entries.len();
-            drop(st);
-            self.after_op(len);
-            return r;
+        match st.engine.free(ptr) {
+            Ok(()) => {
+                st.record();
+                let last = (st.engine.stats.allocation.all().current == 0).then_some(i);
+                let len = st.log.entries.len();
+                drop(st);
+                self.after_op(len);
+                Ok(last)
+            }
+            Err(e @ AllocError::InvalidPointer { .. }) => {
+                drop(st);
+                // A wrong stream: the owner is another shard. If none has it, this shard's
+                // explanation (e.g. "freed already") is the one that applies.
+                match self.free_anywhere_noting(ptr) {
+                    Err(AllocError::InvalidPointer { .. }) => Err(e),
+                    r => r,
+                }
+            }
+            Err(e) => Err(e),
         }
-        drop(st);
-        self.free_anywhere(ptr)
     }
 
     /// Frees an allocation whose stream the caller does not know (asks every shard).
     pub fn free_anywhere(&self, ptr: DevicePtr) -> Result<(), AllocError> {
+        self.free_anywhere_noting(ptr).map(|_| ())
+    }
+
+    fn free_anywhere_noting(&self, ptr: DevicePtr) -> Result<Option<usize>, AllocError> {
         for i in 0..self.shards.len() {
             let mut st = self.shard(i);
             if st.engine.allocated.contains_key(&ptr) {
-                let r = st.engine.free(ptr);
+                st.engine.free(ptr)?;
                 st.record();
-                return r;
+                return Ok((st.engine.stats.allocation.all().current == 0).then_some(i));
             }
         }
-        // Let shard 0 explain what is wrong with the address.
+        // No shard has it: let shard 0 explain what is wrong with the address.
         let mut st = self.shard(0);
-        st.engine.free(ptr)
+        st.engine.free(ptr).map(|_| None)
     }
 
     /// PyTorch's `recordStream`: the allocation at `ptr`, made on `stream`, is used on `user`.
@@ -504,11 +549,10 @@ impl ShardedAllocator {
 
     /// The device's statistics: totals summed over shards, peaks from the merged order.
     pub fn stats(&self) -> DeviceStats {
-        let agg = self.merge_all();
+        let (agg, shards) = self.snapshot();
         let mut out = DeviceStats::new(0);
-        out.max_split_size = self.shard(0).engine.stats.max_split_size;
-        for i in 0..self.shards.len() {
-            let st = self.shard(i);
+        out.max_split_size = shards[0].engine.stats.max_split_size;
+        for st in &shards {
             let s = &st.engine.stats;
             let add = |o: &mut Stat, x: &Stat| {
                 o.current += x.current;
@@ -551,7 +595,7 @@ impl ShardedAllocator {
 
     /// `reset_peak_memory_stats()`: every peak becomes its current value.
     pub fn reset_peak_memory_stats(&self) {
-        let mut agg = self.merge_all();
+        let (mut agg, _shards) = self.snapshot();
         agg.peak = agg.current;
         for a in 0..9 {
             agg.peak_all[a] = agg.current[2 * a] + agg.current[2 * a + 1];
@@ -578,10 +622,9 @@ impl ShardedAllocator {
     /// Checks every shard's invariants and that the merged current values equal the shards'
     /// sums (slow; for tests).
     pub fn check_invariants(&self) -> Result<(), String> {
-        let agg = self.merge_all();
+        let (agg, shards) = self.snapshot();
         let mut sum = [0i64; N];
-        for i in 0..self.shards.len() {
-            let st = self.shard(i);
+        for (i, st) in shards.iter().enumerate() {
             crate::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
             for (s, c) in sum.iter_mut().zip(currents(&st.engine.stats)) {
                 *s += c;

@@ -109,6 +109,7 @@ pub mod interop;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -443,9 +444,68 @@ struct Inner {
     /// With `sharded:True`: serves every allocation instead of `engine` (which then holds
     /// nothing; it keeps the configuration, the policy's name and the history API).
     sharded: Option<ShardedAllocator>,
+    /// Per shard (one slot without sharding): handles that keep this allocator alive while the
+    /// shard has live buffers. A buffer does not hold a counted handle: one shared reference
+    /// count written by every alloc and free would make threads on their own streams contend
+    /// again; the shard's own count of live allocations (kept under its lock) says when a
+    /// handle must be taken (0 → 1) and given back (1 → 0).
+    keepalive: Box<[Mutex<KeepAlive>]>,
     device: Arc<dyn Device>,
     cuda: Option<Arc<CudaDevice>>,
     sim: Option<Arc<SimDevice>>,
+}
+
+/// See [`Inner::keepalive`].
+#[derive(Default)]
+struct KeepAlive {
+    handles: Vec<Arc<Inner>>,
+    /// Releases that came before their take (not expected; kept so that none is lost).
+    owed: usize,
+}
+
+impl Inner {
+    /// Shard `i` has live buffers now: hold the allocator alive.
+    fn hold(self: &Arc<Self>, i: usize) {
+        let mut k = self.keepalive[i].lock().unwrap_or_else(|e| e.into_inner());
+        if k.owed > 0 {
+            k.owed -= 1;
+        } else {
+            k.handles.push(self.clone());
+        }
+    }
+    /// Shard `i` has no live buffer now: the handle to drop (after every use of `self`).
+    #[must_use]
+    fn release(&self, i: usize) -> Option<Arc<Inner>> {
+        let mut k = self.keepalive[i].lock().unwrap_or_else(|e| e.into_inner());
+        let h = k.handles.pop();
+        if h.is_none() {
+            k.owed += 1;
+        }
+        h
+    }
+    /// Allocates; `Some(shard)` when that shard's live count went 0 → 1.
+    fn malloc(&self, size: u64, stream: StreamId) -> Result<(u64, Option<usize>), AllocError> {
+        match &self.sharded {
+            Some(s) => s.malloc_noting(size, stream),
+            None => {
+                let mut e = self.engine.lock();
+                let before = e.stats().allocation.all().current;
+                let p = e.malloc(size, stream)?;
+                Ok((p, (before == 0 && e.stats().allocation.all().current > 0).then_some(0)))
+            }
+        }
+    }
+    /// Frees; `Some(shard)` when that shard's live count went 1 → 0.
+    fn free(&self, ptr: u64, stream: StreamId) -> Result<Option<usize>, AllocError> {
+        match &self.sharded {
+            Some(s) => s.free_noting(ptr, stream),
+            None => {
+                let mut e = self.engine.lock();
+                e.free(ptr)?;
+                Ok((ptr != 0 && e.stats().allocation.all().current == 0).then_some(0))
+            }
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -535,10 +595,12 @@ impl Allocator {
             None
         };
         let engine = CachingAllocator::with_policy(dev.clone(), config, &policy)?;
+        let slots = if sharded.is_some() { cudamem_alloc::sharded::SHARDS } else { 1 };
         Ok(Allocator {
             inner: Arc::new(Inner {
                 engine,
                 sharded,
+                keepalive: (0..slots).map(|_| Mutex::default()).collect(),
                 device: dev,
                 cuda,
                 sim,
@@ -574,12 +636,25 @@ impl Allocator {
     /// PyTorch does) is [`AllocError::OutOfMemory`], whose `Display` is PyTorch's message.
     pub fn alloc(&self, size: usize, stream: Stream) -> Result<Buffer, Error> {
         self.check_stream(stream)?;
-        let ptr = match &self.inner.sharded {
-            Some(s) => s.malloc(size as u64, stream.id())?,
-            None => self.inner.engine.malloc(size as u64, stream.id())?,
+        let (ptr, first) = self.inner.malloc(size as u64, stream.id())?;
+        if let Some(i) = first {
+            self.inner.hold(i);
+        }
+        let (alloc, counted) = if ptr == 0 {
+            // No allocation keeps the allocator alive for an empty buffer: it holds a handle.
+            (ManuallyDrop::new(self.clone()), true)
+        } else {
+            // SAFETY: an uncounted alias of this allocator's `Arc`, never dropped (it is a
+            // `ManuallyDrop` that `Buffer::drop` leaves alone when `counted` is false). The
+            // `Inner` outlives it: the allocation at `ptr` stays live until the buffer is
+            // dropped or freed, and while it is live its shard's keep-alive holds a counted
+            // handle (taken just above if this is the shard's first live allocation).
+            let alias = unsafe { Arc::from_raw(Arc::as_ptr(&self.inner)) };
+            (ManuallyDrop::new(Allocator { inner: alias }), false)
         };
         Ok(Buffer {
-            alloc: self.clone(),
+            alloc,
+            counted,
             ptr,
             len: size,
             stream,
@@ -841,7 +916,10 @@ pub(crate) fn cuda_stream_wait(dev: &CudaDevice, waiter: StreamId, on: StreamId)
 /// Rust form of Python's `del tensor`). See the [crate documentation](crate) for the stream
 /// rules.
 pub struct Buffer {
-    alloc: Allocator,
+    /// The allocator: an uncounted alias kept valid by the allocator's keep-alive while the
+    /// allocation is live, or (`counted`, empty buffers) a counted handle.
+    alloc: ManuallyDrop<Allocator>,
+    counted: bool,
     ptr: u64,
     len: usize,
     stream: Stream,
@@ -898,11 +976,22 @@ impl Buffer {
 
     /// Frees the buffer now, reporting a failure (which `Drop` cannot).
     pub fn free(mut self) -> Result<(), Error> {
-        self.live = false;
-        match &self.alloc.inner.sharded {
-            Some(s) => Ok(s.free(self.ptr, self.stream.id())?),
-            None => Ok(self.alloc.inner.engine.free(self.ptr)?),
+        self.release()
+    }
+
+    /// Returns the allocation; afterwards `self.alloc` may dangle (unless `counted`).
+    fn release(&mut self) -> Result<(), Error> {
+        if !std::mem::take(&mut self.live) {
+            return Ok(());
         }
+        let r = self.alloc.inner.free(self.ptr, self.stream.id());
+        let handle = match &r {
+            Ok(Some(i)) => self.alloc.inner.release(*i),
+            _ => None,
+        };
+        // The last use of `self.alloc` was above: dropping the handle may free the allocator.
+        drop(handle);
+        r.map(|_| ()).map_err(Error::from)
     }
 
     fn cuda(&self, what: &str) -> Result<&Arc<CudaDevice>, Error> {
@@ -997,13 +1086,12 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.live {
-            // Cannot fail for a live buffer of this allocator unless the engine has a bug;
-            // `Buffer::free` reports errors for callers who want them.
-            let _ = match &self.alloc.inner.sharded {
-                Some(s) => s.free(self.ptr, self.stream.id()),
-                None => self.alloc.inner.engine.free(self.ptr),
-            };
+        // Cannot fail for a live buffer of this allocator unless the engine has a bug;
+        // `Buffer::free` reports errors for callers who want them.
+        let _ = self.release();
+        if self.counted {
+            // SAFETY: a counted handle (empty buffers), dropped once, here.
+            unsafe { ManuallyDrop::drop(&mut self.alloc) };
         }
     }
 }

@@ -287,7 +287,12 @@ fn streams_keep_their_own_cached_blocks() {
 
 #[test]
 fn eight_threads_allocating_and_dropping_keep_the_invariants() {
-    let a = sim("16GiB");
+    for config in ["", "sharded:True"] {
+        eight_threads(Allocator::with_config("sim:16GiB", config, "").unwrap());
+    }
+}
+
+fn eight_threads(a: Allocator) {
     const THREADS: usize = 8;
     const ITERS: usize = 2_000;
     let sizes = [512, 3 * KIB, 100 * KIB, MIB, 3 * MIB, 12 * MIB, 25 * MIB];
@@ -341,11 +346,47 @@ fn eight_threads_allocating_and_dropping_keep_the_invariants() {
 
 #[test]
 fn the_last_handle_returns_all_memory_to_the_device() {
-    let a = sim("2GiB");
-    let sim_dev = Arc::clone(a.sim_device().unwrap());
-    let b = a.alloc(100 * MIB, Stream::DEFAULT).unwrap();
-    drop(a);
-    assert!(sim_dev.used() > 0, "a live buffer keeps the allocator alive");
-    drop(b);
-    assert_eq!(sim_dev.used(), 0, "dropping the last buffer released the cache");
+    for config in ["", "sharded:True"] {
+        let a = Allocator::with_config("sim:2GiB", config, "").unwrap();
+        assert_eq!(a.is_sharded(), !config.is_empty());
+        let sim_dev = Arc::clone(a.sim_device().unwrap());
+        let other = a.create_stream().unwrap();
+        let b = a.alloc(100 * MIB, Stream::DEFAULT).unwrap();
+        let c = a.alloc(10 * MIB, other).unwrap();
+        let empty = a.alloc(0, other).unwrap();
+        drop(a);
+        assert!(sim_dev.used() > 0, "live buffers keep the allocator alive ({config})");
+        drop(b);
+        assert!(sim_dev.used() > 0, "one live buffer still keeps it alive ({config})");
+        assert_eq!(c.allocator().memory_allocated(), 10 * MIB as u64);
+        c.free().unwrap();
+        assert!(sim_dev.used() > 0, "an empty buffer keeps it alive too ({config})");
+        assert_eq!(empty.allocator().memory_allocated(), 0);
+        drop(empty);
+        assert_eq!(sim_dev.used(), 0, "dropping the last buffer released the cache ({config})");
+    }
+}
+
+#[test]
+fn sharded_allocator_through_the_api() {
+    let a = Allocator::with_config("sim:4GiB", "sharded:True", "cudamem").unwrap();
+    let s1 = a.create_stream().unwrap();
+    let s2 = a.create_stream().unwrap();
+    let x = a.alloc(64 * MIB, s1).unwrap();
+    drop(x);
+    let y = a.alloc(64 * MIB, s2).unwrap();
+    // Stream 2 could not reuse stream 1's block: 128 MiB reserved, 64 MiB peak allocated.
+    assert_eq!(a.memory_reserved(), 128 * MIB as u64);
+    assert_eq!(a.max_memory_allocated(), 64 * MIB as u64);
+    y.record_stream(s1).unwrap();
+    drop(y);
+    a.synchronize().unwrap();
+    let e = a.set_per_process_memory_fraction(0.5).unwrap_err();
+    assert!(e.to_string().contains("sharded"), "{e}");
+    assert!(a.memory_summary(false).contains("PyTorch CUDA memory summary"));
+    a.reset_peak_memory_stats();
+    assert_eq!(a.max_memory_allocated(), 0);
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    a.check_invariants().unwrap();
 }
