@@ -18,7 +18,10 @@
 //!   invariant time-stamp counter (`rdtscp`, synchronised across cores; used only where the
 //!   kernel's clocksource is `tsc`, i.e. where Linux checked that), otherwise a shared counter
 //!   (same order, but a write every operation shares). No operation writes memory another
-//!   shard's operations touch, so the fast path scales.
+//!   shard's operations touch, so the fast path scales. Until a second shard is used, the one
+//!   in use *is* the device: its own stats are exact and nothing is logged or stamped (a
+//!   single-stream program pays only the shard lookup); the second shard's first operation
+//!   seeds the aggregate from the first shard's stats, under every lock, and turns logging on.
 //! * **Out of memory.** PyTorch's last resort frees every cached block of the device, including
 //!   other streams'. A shard that runs out releases its lock, takes every shard's lock in index
 //!   order (the only place a thread holds two, so no deadlock), empties the other shards'
@@ -160,6 +163,9 @@ struct ShardState {
     log: Log,
     /// The tracked values as of the last logged operation.
     last: [i64; N],
+    /// Whether operations are logged: from the moment a second shard is used. Until then the
+    /// one shard in use is the device and its own stats are exact (no clock, no log).
+    logging: bool,
 }
 
 impl ShardState {
@@ -167,6 +173,9 @@ impl ShardState {
     /// operation that may change stats.
     #[inline]
     fn record(&mut self) {
+        if !self.logging {
+            return;
+        }
         let now = currents(&self.engine.stats);
         let mut mask = 0u32;
         for i in 0..N {
@@ -283,9 +292,16 @@ pub struct ShardedAllocator {
     table: Box<[(AtomicU64, AtomicU64)]>,
     next_shard: AtomicU64,
     aggregate: Mutex<Aggregate>,
+    /// [`EMPTY`], [`MULTI`], or the one shard used so far.
+    mode: AtomicU64,
     device: Arc<dyn Device>,
     policy: String,
 }
+
+/// No shard used yet.
+const EMPTY: u64 = u64::MAX;
+/// Several shards used: every shard logs.
+const MULTI: u64 = u64::MAX - 1;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // State is consistent between operations; a panic under the lock is reported by itself.
@@ -310,6 +326,7 @@ impl ShardedAllocator {
                 engine: Engine::new(device.clone(), cfg, p),
                 log: Log::default(),
                 last: [0; N],
+                logging: false,
             })));
         }
         Ok(ShardedAllocator {
@@ -323,6 +340,7 @@ impl ShardedAllocator {
                 pending: (0..SHARDS).map(|_| Log::default()).collect(),
                 pos: vec![(0, 0); SHARDS],
             }),
+            mode: AtomicU64::new(EMPTY),
             device,
             policy: policy.to_string(),
         })
@@ -394,17 +412,60 @@ impl ShardedAllocator {
         agg.replay(cut);
     }
 
-    /// A consistent view: the aggregate with every operation merged, and every shard locked
-    /// (in index order, as the out-of-memory path locks them), so that nothing changes until
-    /// the guards are dropped.
-    fn snapshot(&self) -> (MutexGuard<'_, Aggregate>, Vec<MutexGuard<'_, ShardState>>) {
+    /// Before an operation on shard `i` (holding no lock): makes sure the mode is "only shard
+    /// `i` so far" or "several" — so that, under the shard's lock, `logging` is right.
+    #[inline]
+    fn enter(&self, i: usize) {
+        let m = self.mode.load(Ordering::Acquire);
+        if m != MULTI && m != i as u64 {
+            self.switch_mode(i);
+        }
+    }
+
+    /// The first operation of a shard: the first one of the device makes it the only one; a
+    /// second one starts the logs, seeding the aggregate with the first shard's own stats
+    /// (exact, since it was the device until now). Holds every lock meanwhile.
+    #[cold]
+    fn switch_mode(&self, i: usize) {
+        let mut agg = lock(&self.aggregate);
+        let mut shards: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
+        match self.mode.load(Ordering::Acquire) {
+            EMPTY => self.mode.store(i as u64, Ordering::Release),
+            m if m == MULTI || m == i as u64 => {}
+            solo => {
+                let s = &shards[solo as usize].engine.stats;
+                agg.current = currents(s);
+                let mut s = *s;
+                for (a, arr) in arrays_mut(&mut s).into_iter().enumerate() {
+                    agg.peak[2 * a] = arr.0[1].peak;
+                    agg.peak[2 * a + 1] = arr.0[2].peak;
+                    agg.peak_all[a] = arr.0[0].peak;
+                }
+                agg.peak[18] = s.oversize_allocations.peak;
+                agg.peak[19] = s.oversize_segments.peak;
+                for st in shards.iter_mut() {
+                    st.last = currents(&st.engine.stats);
+                    st.logging = true;
+                }
+                self.mode.store(MULTI, Ordering::Release);
+            }
+        }
+    }
+
+    /// A consistent view: every shard locked (in index order, as the out-of-memory path locks
+    /// them), so that nothing changes until the guards are dropped, and — once several shards
+    /// are in use — every operation merged into the aggregate. Also the mode.
+    fn snapshot(&self) -> (MutexGuard<'_, Aggregate>, Vec<MutexGuard<'_, ShardState>>, u64) {
         let mut agg = lock(&self.aggregate);
         let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
-        for (i, st) in shards.iter_mut().enumerate() {
-            agg.take_log(i, st);
+        let mode = self.mode.load(Ordering::Acquire);
+        if mode == MULTI {
+            for (i, st) in shards.iter_mut().enumerate() {
+                agg.take_log(i, st);
+            }
+            agg.replay(u64::MAX); // every shard is locked: every operation is in the logs
         }
-        agg.replay(u64::MAX); // every shard is locked: every operation is in the logs
-        (agg, shards)
+        (agg, shards, mode)
     }
 
     /// Allocates `size` bytes for use on `stream`. Size 0 returns address 0.
@@ -419,6 +480,7 @@ impl ShardedAllocator {
     /// [`free_noting`](Self::free_noting) names the shard when its count is back to 0.
     pub fn malloc_noting(&self, size: u64, stream: StreamId) -> Result<(DevicePtr, Option<usize>), AllocError> {
         let i = self.shard_of(stream);
+        self.enter(i);
         let mut st = self.shard(i);
         let before = st.engine.stats.allocation.all().current;
         let r = st.engine.try_malloc(size, stream, true);
@@ -485,6 +547,7 @@ impl ShardedAllocator {
             return Ok(None);
         }
         let i = self.shard_of(stream);
+        self.enter(i);
         let mut st = self.shard(i);
         match st.engine.free(ptr) {
             Ok(()) => {
@@ -547,9 +610,10 @@ impl ShardedAllocator {
         Ok(())
     }
 
-    /// The device's statistics: totals summed over shards, peaks from the merged order.
+    /// The device's statistics: totals summed over shards, peaks from the merged order (or,
+    /// while one shard is all that was used, its own).
     pub fn stats(&self) -> DeviceStats {
-        let (agg, shards) = self.snapshot();
+        let (agg, shards, mode) = self.snapshot();
         let mut out = DeviceStats::new(0);
         out.max_split_size = shards[0].engine.stats.max_split_size;
         for st in &shards {
@@ -573,13 +637,24 @@ impl ShardedAllocator {
             out.num_device_alloc += s.num_device_alloc;
             out.num_device_free += s.num_device_free;
         }
-        for (a, arr) in arrays_mut(&mut out).into_iter().enumerate() {
-            arr.0[1].peak = agg.peak[2 * a];
-            arr.0[2].peak = agg.peak[2 * a + 1];
-            arr.0[0].peak = agg.peak_all[a];
+        if mode == MULTI {
+            for (a, arr) in arrays_mut(&mut out).into_iter().enumerate() {
+                arr.0[1].peak = agg.peak[2 * a];
+                arr.0[2].peak = agg.peak[2 * a + 1];
+                arr.0[0].peak = agg.peak_all[a];
+            }
+            out.oversize_allocations.peak = agg.peak[18];
+            out.oversize_segments.peak = agg.peak[19];
+        } else if mode != EMPTY {
+            let mut solo = shards[mode as usize].engine.stats;
+            for (o, x) in arrays_mut(&mut out).into_iter().zip(arrays_mut(&mut solo)) {
+                for k in 0..3 {
+                    o.0[k].peak = x.0[k].peak;
+                }
+            }
+            out.oversize_allocations.peak = solo.oversize_allocations.peak;
+            out.oversize_segments.peak = solo.oversize_segments.peak;
         }
-        out.oversize_allocations.peak = agg.peak[18];
-        out.oversize_segments.peak = agg.peak[19];
         out
     }
 
@@ -595,10 +670,13 @@ impl ShardedAllocator {
 
     /// `reset_peak_memory_stats()`: every peak becomes its current value.
     pub fn reset_peak_memory_stats(&self) {
-        let (mut agg, _shards) = self.snapshot();
+        let (mut agg, mut shards, mode) = self.snapshot();
         agg.peak = agg.current;
         for a in 0..9 {
             agg.peak_all[a] = agg.current[2 * a] + agg.current[2 * a + 1];
+        }
+        if mode != MULTI && mode != EMPTY {
+            shards[mode as usize].engine.stats.reset_peak();
         }
     }
 
@@ -622,7 +700,7 @@ impl ShardedAllocator {
     /// Checks every shard's invariants and that the merged current values equal the shards'
     /// sums (slow; for tests).
     pub fn check_invariants(&self) -> Result<(), String> {
-        let (agg, shards) = self.snapshot();
+        let (agg, shards, mode) = self.snapshot();
         let mut sum = [0i64; N];
         for (i, st) in shards.iter().enumerate() {
             crate::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
@@ -630,7 +708,7 @@ impl ShardedAllocator {
                 *s += c;
             }
         }
-        if sum != agg.current {
+        if mode == MULTI && sum != agg.current {
             return Err(format!("merged current values {:?} != shard sums {sum:?}", agg.current));
         }
         Ok(())
