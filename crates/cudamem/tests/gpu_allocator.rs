@@ -595,7 +595,14 @@ fn cudarc_views_use_the_buffer_in_place_and_are_stream_ordered() {
 
 #[test]
 fn eight_threads_on_their_own_streams() {
-    let Some(a) = gpu() else { return };
+    for config in ["", "sharded:True"] {
+        let Some(a) = gpu_with(config) else { return };
+        assert_eq!(a.is_sharded(), !config.is_empty());
+        eight_threads(a, config);
+    }
+}
+
+fn eight_threads(a: Allocator, config: &str) {
     let t = Instant::now();
     let handles: Vec<_> = (0..8)
         .map(|i| {
@@ -603,6 +610,7 @@ fn eight_threads_on_their_own_streams() {
             std::thread::spawn(move || {
                 let s = a.create_stream().unwrap();
                 let sizes = [512, 8 * KIB, 300 * KIB, 3 * MIB, 24 * MIB];
+                let mut keep = Vec::new();
                 for k in 0..500 {
                     let mut b = a.alloc(sizes[(i + k) % sizes.len()], s).unwrap();
                     if k % 50 == 0 {
@@ -611,6 +619,15 @@ fn eight_threads_on_their_own_streams() {
                         b.copy_to_host(b.len() - 1, &mut x).unwrap();
                         assert_eq!(x[0], i as u8);
                     }
+                    if k % 100 == 0 {
+                        keep.push(b); // some live at once, on every thread
+                    }
+                }
+                // The kept buffers still hold what this thread wrote (no other thread got them).
+                for b in &keep {
+                    let mut x = [0u8; 1];
+                    b.copy_to_host(0, &mut x).unwrap();
+                    assert_eq!(x[0], i as u8);
                 }
             })
         })
@@ -619,10 +636,16 @@ fn eight_threads_on_their_own_streams() {
         h.join().unwrap();
     }
     eprintln!(
-        "  8 threads x 500 alloc/free on own streams in {:?}; {} cuMemAlloc calls",
+        "  [{config}] 8 threads x 500 alloc/free on own streams in {:?}; {} cuMemAlloc, {} maps",
         t.elapsed(),
-        a.device_counters().mallocs
+        a.device_counters().mallocs,
+        a.device_counters().maps
     );
     assert_eq!(a.memory_allocated(), 0);
+    assert_eq!(a.stats().allocation.all().allocated, 8 * 500);
     a.check_invariants().unwrap();
+    let before = free_bytes(&a);
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    assert!(free_bytes(&a) >= before, "empty_cache gave memory back");
 }
