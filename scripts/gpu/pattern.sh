@@ -31,7 +31,7 @@ exe=$dir/gpu_pattern_replay
 if [ "${1:-}" = "--build" ]; then
     set -e
     cargo build -p cudamem-replay --release --example gpu_pattern_replay
-    rm -rf "$dir"
+    rm -f "$exe" "$dir/MANIFEST.txt" # keep the other binaries of gpu-out/replay (scripts/gpu/build.sh)
     mkdir -p "$dir"
     objcopy --strip-debug target/release/examples/gpu_pattern_replay "$exe"
     {

@@ -341,6 +341,15 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
                 dur.as_millis()
             ));
         }
+        if let Some(sh) = al.sharded_allocator() {
+            let (merges, replays) = sh.merge_counts();
+            println!();
+            println!(
+                "sharded: stats clock {} ({:.1} ns a read); {merges} merges of the stat logs, {replays} of them replaying operations one by one",
+                cudamem::ShardedAllocator::clock_kind(),
+                cudamem::ShardedAllocator::clock_cost_ns()
+            );
+        }
         al.check_invariants()?;
         let st = al.stats();
         if st.allocated_bytes.all().current != 0 {

@@ -868,6 +868,10 @@ impl Allocator {
     pub fn is_sharded(&self) -> bool {
         self.inner.sharded.is_some()
     }
+    /// The sharded allocator, with `sharded:True`.
+    pub fn sharded_allocator(&self) -> Option<&ShardedAllocator> {
+        self.inner.sharded.as_ref()
+    }
     fn not_sharded(&self, what: &str) -> Result<(), Error> {
         if self.inner.sharded.is_some() {
             return Err(Error::Alloc(AllocError::InvalidArgument(format!(
