@@ -51,6 +51,9 @@ fn main() {
     println!("ns per alloc+free pair (mixed sizes, cache hits, one thread):");
     println!("  single lock            {a:.0}");
     println!("  sharded, one stream    {b:.0}");
-    println!("  sharded, logging       {c:.0}   ({merges} merges, {replays} replays; clock {} at {:.1} ns)",
-        ShardedAllocator::clock_kind(), ShardedAllocator::clock_cost_ns());
+    println!(
+        "  sharded, logging       {c:.0}   ({merges} merges, {replays} replays; clock {} at {:.1} ns)",
+        ShardedAllocator::clock_kind(),
+        ShardedAllocator::clock_cost_ns()
+    );
 }

@@ -234,6 +234,10 @@ mod tests {
     fn the_block_record_stays_small() {
         // Every operation reads and writes block records; keep them to a few cache lines.
         assert_eq!(std::mem::size_of::<Option<BlockId>>(), 4);
-        assert!(std::mem::size_of::<Option<Block>>() <= 80, "{}", std::mem::size_of::<Option<Block>>());
+        assert!(
+            std::mem::size_of::<Option<Block>>() <= 80,
+            "{}",
+            std::mem::size_of::<Option<Block>>()
+        );
     }
 }

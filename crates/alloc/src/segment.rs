@@ -10,8 +10,6 @@
 //! bytes. PyTorch's policy maps one page per mapping; a policy may map one mapping per growth
 //! (fewer driver calls; such a mapping is unmapped only when wholly free).
 
-use std::collections::BTreeMap;
-
 use cudamem_device::{Device, DeviceError, StreamId};
 
 use crate::block::{PoolId, SegmentId};
@@ -29,8 +27,9 @@ pub enum Backing {
         /// or more — a growth is then mapped in mappings of up to this size (fewer driver calls;
         /// each is unmapped only when wholly free).
         map_chunk: u64,
-        /// The mappings: start address -> bytes. Each is one device allocation, unmapped whole.
-        mappings: BTreeMap<u64, u64>,
+        /// The mappings, `(start address, bytes)`, sorted by address. Each is one device
+        /// allocation, unmapped whole. (A sorted vector: growth appends at the end.)
+        mappings: Vec<(u64, u64)>,
     },
 }
 
@@ -79,14 +78,16 @@ impl Segment {
         while at < end {
             let chunk = (*map_chunk).max(ps).min(end - at);
             if let Err(e) = dev.map(at, chunk) {
-                let undo: Vec<(u64, u64)> = mappings.range(ptr..at).map(|(&a, &l)| (a, l)).collect();
-                for (a, l) in undo {
+                let from = mappings.partition_point(|m| m.0 < ptr);
+                let to = mappings.partition_point(|m| m.0 < at);
+                for &(a, l) in &mappings[from..to] {
                     dev.unmap(a, l)?;
-                    mappings.remove(&a);
                 }
+                mappings.drain(from..to);
                 return if e.is_out_of_memory() { Ok(None) } else { Err(e) };
             }
-            mappings.insert(at, chunk);
+            let i = mappings.partition_point(|m| m.0 < at);
+            mappings.insert(i, (at, chunk));
             at += chunk;
         }
         Ok(Some((ptr, end - ptr)))
@@ -105,11 +106,13 @@ impl Segment {
         else {
             unreachable!("unmap on a malloc segment")
         };
-        let inside: Vec<(u64, u64)> = mappings
-            .range(ptr..ptr + size)
-            .map(|(&a, &l)| (a, l))
-            .take_while(|&(a, l)| a + l <= ptr + size)
-            .collect();
+        let from = mappings.partition_point(|m| m.0 < ptr);
+        let to = from
+            + mappings[from..]
+                .iter()
+                .take_while(|&&(a, l)| a + l <= ptr + size)
+                .count();
+        let inside = &mappings[from..to];
         let Some(&(first, _)) = inside.first() else {
             return Ok((ptr, 0));
         };
@@ -118,13 +121,11 @@ impl Segment {
         if *map_chunk > *page_size {
             dev.unmap(first, total)?; // one call for the run, as cuMemUnmap allows
         } else {
-            for &(a, l) in &inside {
+            for &(a, l) in inside {
                 dev.unmap(a, l)?; // PyTorch unmaps page by page
             }
         }
-        for (a, _) in inside {
-            mappings.remove(&a);
-        }
+        mappings.drain(from..to);
         Ok((first, total))
     }
 
@@ -132,7 +133,7 @@ impl Segment {
     pub fn mapped_bytes(&self) -> u64 {
         match &self.backing {
             Backing::Malloc => self.size,
-            Backing::Expandable { mappings, .. } => mappings.values().sum(),
+            Backing::Expandable { mappings, .. } => mappings.iter().map(|m| m.1).sum(),
         }
     }
 }

@@ -289,7 +289,9 @@ impl Aggregate {
 
     /// Applies every taken operation in timestamp order.
     fn replay(&mut self) {
-        let active: Vec<usize> = (0..self.taken.len()).filter(|&i| !self.taken[i].entries.is_empty()).collect();
+        let active: Vec<usize> = (0..self.taken.len())
+            .filter(|&i| !self.taken[i].entries.is_empty())
+            .collect();
         let mut pos = vec![(0usize, 0usize); self.taken.len()];
         loop {
             let mut best: Option<(u64, usize)> = None;
@@ -572,7 +574,12 @@ impl ShardedAllocator {
     /// PyTorch's last resort across shards: release every cached block of the device (the
     /// other shards' first, then this one's), retry once.
     #[cold]
-    fn malloc_after_release(&self, i: usize, size: u64, stream: StreamId) -> Result<(DevicePtr, Option<usize>), AllocError> {
+    fn malloc_after_release(
+        &self,
+        i: usize,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<(DevicePtr, Option<usize>), AllocError> {
         let mut all: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
         for (j, st) in all.iter_mut().enumerate() {
             if j != i && st.engine.total_allocated_memory() > 0 {
@@ -597,8 +604,14 @@ impl ShardedAllocator {
     fn device_wide_oom(&self, all: &[MutexGuard<'_, ShardState>], e: AllocError) -> AllocError {
         match e {
             AllocError::OutOfMemory(mut o) => {
-                o.allocated = all.iter().map(|s| s.engine.stats.allocated_bytes.all().current as u64).sum();
-                o.reserved = all.iter().map(|s| s.engine.stats.reserved_bytes.all().current as u64).sum();
+                o.allocated = all
+                    .iter()
+                    .map(|s| s.engine.stats.allocated_bytes.all().current as u64)
+                    .sum();
+                o.reserved = all
+                    .iter()
+                    .map(|s| s.engine.stats.reserved_bytes.all().current as u64)
+                    .sum();
                 o.largest_free_block = all.iter().map(|s| s.engine.largest_free_block()).max().unwrap_or(0);
                 AllocError::OutOfMemory(o)
             }

@@ -93,7 +93,11 @@ fn peaks_follow_the_real_order_across_threads() {
         let (transient, persistent) = (StreamId(1), StreamId(2));
         let many = Arc::new(ShardedAllocator::new(sim(8 << 30), AllocatorConfig::default(), "cudamem").unwrap());
         // Shards are handed out in the order streams are first seen.
-        let order = if persistent_first { [persistent, transient] } else { [transient, persistent] };
+        let order = if persistent_first {
+            [persistent, transient]
+        } else {
+            [transient, persistent]
+        };
         for s in order {
             assert_eq!(many.malloc(0, s).unwrap(), 0);
         }
@@ -117,7 +121,11 @@ fn peaks_follow_the_real_order_across_threads() {
             a.join().unwrap();
             let kept = b.join().unwrap();
             let s = many.stats();
-            assert_eq!(s.allocated_bytes.all().peak, 64 << 20, "round {round}, persistent stream's shard first: {persistent_first}");
+            assert_eq!(
+                s.allocated_bytes.all().peak,
+                64 << 20,
+                "round {round}, persistent stream's shard first: {persistent_first}"
+            );
             assert_eq!(s.allocation.all().peak, 1, "round {round}");
             assert_eq!(s.allocated_bytes.all().current, 64 << 20);
             many.free(kept, persistent).unwrap();
@@ -134,7 +142,9 @@ fn out_of_memory_retry_releases_other_shards_caches() {
     let p = many.malloc(160 << 20, StreamId(1)).unwrap();
     many.free(p, StreamId(1)).unwrap();
     assert_eq!(many.stats().reserved_bytes.all().current, 160 << 20);
-    let q = many.malloc(160 << 20, StreamId(2)).expect("the other stream's cache is released");
+    let q = many
+        .malloc(160 << 20, StreamId(2))
+        .expect("the other stream's cache is released");
     let s = many.stats();
     assert_eq!(s.num_ooms, 0);
     assert_eq!(s.reserved_bytes.all().current, 160 << 20);
@@ -205,6 +215,10 @@ fn threads_on_their_own_streams() {
     assert_eq!(s.allocated_bytes.all().current, 0);
     assert_eq!(s.allocation.all().current, 0);
     assert_eq!(s.allocation.all().allocated, s.allocation.all().freed);
-    assert!(s.allocation.all().peak >= 8 && s.allocation.all().peak <= 64, "{:?}", s.allocation.all());
+    assert!(
+        s.allocation.all().peak >= 8 && s.allocation.all().peak <= 64,
+        "{:?}",
+        s.allocation.all()
+    );
     assert!(s.active_bytes.all().peak >= s.allocated_bytes.all().peak);
 }

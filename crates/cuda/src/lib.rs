@@ -409,7 +409,10 @@ impl CudaDevice {
             // and both are valid out-pointers.
             unsafe {
                 check(sys::cuDeviceGet(&mut other, o), "cuDeviceGet")?;
-                check(sys::cuDeviceCanAccessPeer(&mut can, other, self.dev), "cuDeviceCanAccessPeer")?;
+                check(
+                    sys::cuDeviceCanAccessPeer(&mut can, other, self.dev),
+                    "cuDeviceCanAccessPeer",
+                )?;
             }
             if can != 0 {
                 peers.push(o);

@@ -207,7 +207,10 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let (a, b) = match (Allocator::new(&device), Allocator::with_config(&device, "sharded:True", "")) {
+    let (a, b) = match (
+        Allocator::new(&device),
+        Allocator::with_config(&device, "sharded:True", ""),
+    ) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("gpu_bench: {e}");
@@ -329,7 +332,9 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
             dur.as_millis()
         );
         println!();
-        println!("| threads | alloc+free pairs/s (all threads) | ratio to 1 thread | ratio to 1 thread, default allocator |");
+        println!(
+            "| threads | alloc+free pairs/s (all threads) | ratio to 1 thread | ratio to 1 thread, default allocator |"
+        );
         println!("|---:|---:|---:|---:|");
         for &(t, ops) in &rows {
             println!("| {t} | {ops:.0} | {:.2} | {:.2} |", ops / base, ops / base_one);
@@ -353,7 +358,11 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
         al.check_invariants()?;
         let st = al.stats();
         if st.allocated_bytes.all().current != 0 {
-            return Err(format!("{label}: {} bytes still allocated after the threads", st.allocated_bytes.all().current).into());
+            return Err(format!(
+                "{label}: {} bytes still allocated after the threads",
+                st.allocated_bytes.all().current
+            )
+            .into());
         }
     }
     a.check_invariants()?;

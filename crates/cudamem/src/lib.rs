@@ -595,7 +595,11 @@ impl Allocator {
             None
         };
         let engine = CachingAllocator::with_policy(dev.clone(), config, &policy)?;
-        let slots = if sharded.is_some() { cudamem_alloc::sharded::SHARDS } else { 1 };
+        let slots = if sharded.is_some() {
+            cudamem_alloc::sharded::SHARDS
+        } else {
+            1
+        };
         Ok(Allocator {
             inner: Arc::new(Inner {
                 engine,

@@ -363,7 +363,11 @@ fn the_last_handle_returns_all_memory_to_the_device() {
         assert!(sim_dev.used() > 0, "an empty buffer keeps it alive too ({config})");
         assert_eq!(empty.allocator().memory_allocated(), 0);
         drop(empty);
-        assert_eq!(sim_dev.used(), 0, "dropping the last buffer released the cache ({config})");
+        assert_eq!(
+            sim_dev.used(),
+            0,
+            "dropping the last buffer released the cache ({config})"
+        );
     }
 }
 

@@ -118,12 +118,12 @@ struct Reservation {
     size: u64,
     /// Physical allocations mapped into the range: start -> size. One `map` call makes one,
     /// and (as with `cuMemCreate` handles) one can only be unmapped whole.
-    mappings: BTreeMap<u64, u64>,
+    mappings: Vec<(u64, u64)>, // sorted by start; growth appends at the end
 }
 
 impl Reservation {
     fn mapped_bytes(&self) -> u64 {
-        self.mappings.values().sum()
+        self.mappings.iter().map(|m| m.1).sum()
     }
 }
 
@@ -397,7 +397,7 @@ impl Device for SimDevice {
             ptr,
             Reservation {
                 size,
-                mappings: BTreeMap::new(),
+                mappings: Vec::new(),
             },
         );
         Ok(ptr)
@@ -435,17 +435,16 @@ impl Device for SimDevice {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
         let r = Self::reservation_of(&mut s, ptr, size)?;
-        let overlap = r
-            .mappings
-            .range(..ptr + size)
-            .next_back()
-            .is_some_and(|(&a, &l)| a + l > ptr);
+        // The mapping starting before `ptr + size` with the highest start is the only one that
+        // can overlap (mappings do not overlap each other).
+        let i = r.mappings.partition_point(|m| m.0 < ptr + size);
+        let overlap = i > 0 && r.mappings[i - 1].0 + r.mappings[i - 1].1 > ptr;
         if overlap {
             return Err(DeviceError::InvalidArgument(format!(
                 "[{ptr:#x}, +{size}) overlaps a mapping"
             )));
         }
-        r.mappings.insert(ptr, size);
+        r.mappings.insert(i, (ptr, size));
         s.used += size;
         s.counters.maps += 1;
         s.counters.pages_mapped += size / g;
@@ -462,11 +461,12 @@ impl Device for SimDevice {
         let mut s = self.lock();
         let r = Self::reservation_of(&mut s, ptr, size)?;
         // The range must be exactly a run of whole mappings.
-        let (mut at, mut starts) = (ptr, Vec::new());
+        let first = r.mappings.partition_point(|m| m.0 < ptr);
+        let (mut at, mut k) = (ptr, first);
         while at < ptr + size {
-            match r.mappings.get(&at) {
-                Some(&l) => {
-                    starts.push(at);
+            match r.mappings.get(k).filter(|m| m.0 == at) {
+                Some(&(_, l)) => {
+                    k += 1;
                     at += l;
                 }
                 None => {
@@ -481,9 +481,7 @@ impl Device for SimDevice {
                 "unmap of [{ptr:#x}, +{size}) ends inside the mapping that ends at {at:#x}"
             )));
         }
-        for a in starts {
-            r.mappings.remove(&a);
-        }
+        r.mappings.drain(first..k);
         s.used -= size;
         s.counters.unmaps += 1;
         s.counters.pages_unmapped += size / g;

@@ -85,7 +85,11 @@ fn main() {
                 expandable_cold = cold_ms;
             }
             let extra = if policy.starts_with("cudamem") {
-                format!("{:.2}% of {:.0} ms", 100.0 * (cold_ms - expandable_cold) / span_ms, span_ms)
+                format!(
+                    "{:.2}% of {:.0} ms",
+                    100.0 * (cold_ms - expandable_cold) / span_ms,
+                    span_ms
+                )
             } else {
                 "–".into()
             };
