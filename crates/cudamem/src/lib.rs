@@ -50,8 +50,15 @@
 //!
 //! * **One engine per device, behind one mutex** (as PyTorch's per-device mutex): every
 //!   [`Allocator`] clone and every thread shares it. `Allocator` is `Clone + Send + Sync` (an
-//!   `Arc` inside); a [`Buffer`] holds a clone, so the allocator lives as long as any of its
-//!   buffers.
+//!   `Arc` inside), and lives as long as any of its buffers. With the configuration key
+//!   `sharded:True` each group of streams gets its own engine and mutex instead
+//!   ([`ShardedAllocator`]: same decisions, exact device-wide statistics), so that threads on
+//!   their own streams do not wait for each other; a per-process memory fraction and the
+//!   history are then unavailable.
+//! * **Buffers hold no reference count.** A buffer aliases its allocator without counting; the
+//!   allocator keeps itself alive per shard while the shard has live allocations (taken when its
+//!   count of live allocations leaves 0, given back when it returns to 0), so allocating and
+//!   freeing on several threads writes no shared counter.
 //! * **Stream-ordered, like PyTorch.** A buffer belongs to the [`Stream`] it was allocated on.
 //!   When it is dropped its block may be handed out again at once *to work on the same stream*,
 //!   which the stream orders after everything queued before the drop. A buffer that was also
