@@ -12,8 +12,11 @@
 //!   Peaks are not: the peak of a sum is not the sum of peaks. After each operation a shard
 //!   appends to its own log the change of the 20 "current" values (9 stat arrays × small/large
 //!   pool, plus the two oversize counters) with a timestamp taken under the shard's lock. A
-//!   merge (when a log fills, and before every read of the stats) replays the logs of all
-//!   shards in timestamp order onto one aggregate and tracks its peaks — the peaks of one
+//!   merge (when a log fills, and before every read of the stats) takes every shard's log with
+//!   every shard locked — one window of time — and, if some series could have passed its peak
+//!   in that window (its value at the start plus every shard's largest rise exceeds the peak),
+//!   replays the logs in timestamp order onto one aggregate, tracking its peaks; otherwise it
+//!   adds the net changes only (the common case in a steady loop). The peaks are those of one
 //!   linear order of all operations, consistent with real time: the timestamp is the CPU's
 //!   invariant time-stamp counter (`rdtscp`, synchronised across cores; used only where the
 //!   kernel's clocksource is `tsc`, i.e. where Linux checked that), otherwise a shared counter
@@ -23,9 +26,13 @@
 //!   single-stream program pays only the shard lookup); the second shard's first operation
 //!   seeds the aggregate from the first shard's stats, under every lock, and turns logging on.
 //! * **Out of memory.** PyTorch's last resort frees every cached block of the device, including
-//!   other streams'. A shard that runs out releases its lock, takes every shard's lock in index
-//!   order (the only place a thread holds two, so no deadlock), empties the other shards'
-//!   caches and retries once; the error, if it still fails, reports the device's totals.
+//!   other streams'. A shard whose own ladder fails releases its lock, takes every shard's lock
+//!   in index order, empties the other shards' caches, then runs the last step itself (release
+//!   its own cache, retry) — the same steps and counters as the single engine; the error, if it
+//!   still fails, reports the device's totals.
+//! * **Locks.** An operation holds its shard's lock only. Whoever needs several (a merge, a
+//!   stats read, the out-of-memory path, the switch to logging) takes the aggregate's lock, if
+//!   at all, first, and then shards in index order, while holding no shard lock: no cycle.
 //! * **Which shard.** A stream is given a shard the first time it is seen (round robin, so the
 //!   first [`SHARDS`] streams never share one) and keeps it; the table is read without locks.
 //!   `free` is told the allocation's stream (PyTorch's free hook and [`crate`]'s buffers know
