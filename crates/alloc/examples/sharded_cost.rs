@@ -11,7 +11,7 @@ use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
 
 const MIX: [u64; 8] = [512, 4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 2 << 10];
-const PAIRS: usize = 2_000_000;
+const PAIRS: usize = 400_000;
 
 fn run(mut malloc: impl FnMut(u64) -> u64, mut free: impl FnMut(u64)) -> f64 {
     let mut live = Vec::with_capacity(4);
@@ -38,7 +38,26 @@ fn run(mut malloc: impl FnMut(u64) -> u64, mut free: impl FnMut(u64)) -> f64 {
 }
 
 fn main() {
+    // `sharded_cost one|solo|logging` runs only that case (for a profiler); no argument runs all.
+    let only = std::env::args().nth(1);
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
+    if let Some(case) = only.as_deref() {
+        let s = StreamId(7);
+        match case {
+            "one" => {
+                let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+                println!("{:.0}", run(|n| one.malloc(n, s).unwrap(), |p| one.free(p).unwrap()));
+            }
+            _ => {
+                let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+                if case == "logging" {
+                    sh.free(sh.malloc(512, StreamId(8)).unwrap(), StreamId(8)).unwrap();
+                }
+                println!("{:.0}", run(|n| sh.malloc(n, s).unwrap(), |p| sh.free(p, s).unwrap()));
+            }
+        }
+        return;
+    }
     let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
     let s = StreamId(7);
     let a = run(|n| one.malloc(n, s).unwrap(), |p| one.free(p).unwrap());

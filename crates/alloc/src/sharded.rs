@@ -196,54 +196,56 @@ struct ShardState {
     logging: bool,
 }
 
-/// Within one operation every series first falls (events processed, caches released, pages
-/// reclaimed) and then rises (the new block), never the other way round; so an operation's
-/// highest point is its start or its end, and only end values are checked for peaks.
-#[inline]
-fn arrays_touched(mask: u32) -> u32 {
-    // Bit a set if the small (2a) or large (2a+1) value of array a changed.
-    let mut out = 0u32;
-    for a in 0..9 {
-        if (mask >> (2 * a)) & 3 != 0 {
-            out |= 1 << a;
-        }
-    }
-    out
-}
+// Within one operation every series first falls (events processed, caches released, pages
+// reclaimed) and then rises (the new block), never the other way round; so an operation's
+// highest point is its start or its end, and only end values are logged and checked for peaks.
 
 impl ShardState {
     /// Logs what the operation just done changed. Call under the shard's lock, after every
-    /// operation that may change stats.
+    /// operation that may change stats. (On the hot path of every sharded operation: find the
+    /// changed values without branches, then visit only those.)
     #[inline]
     fn record(&mut self) {
         if !self.logging {
             return;
         }
         let now = currents(&self.engine.stats);
-        let mut mask = 0u32;
-        for i in 0..N {
+        let mask = now
+            .iter()
+            .zip(&self.last)
+            .enumerate()
+            .fold(0u32, |m, (i, (a, b))| m | (((a != b) as u32) << i));
+        if mask == 0 {
+            return;
+        }
+        let log = &mut self.log;
+        log.deltas.reserve(N);
+        let mut m = mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
             let d = now[i] - self.last[i];
-            if d != 0 {
-                mask |= 1 << i;
-                self.log.deltas.push(d);
-                self.log.net[i] += d;
-                self.log.rise[i] = self.log.rise[i].max(self.log.net[i]);
-            }
+            self.last[i] = now[i];
+            log.deltas.push(d);
+            log.net[i] += d;
+            log.rise[i] = log.rise[i].max(log.net[i]);
         }
-        if mask != 0 {
-            let mut arrays = arrays_touched(mask);
-            while arrays != 0 {
-                let a = arrays.trailing_zeros() as usize;
-                arrays &= arrays - 1;
-                let net = self.log.net[2 * a] + self.log.net[2 * a + 1];
-                self.log.net[N + a] = net;
-                self.log.rise[N + a] = self.log.rise[N + a].max(net);
-            }
-            self.log.entries.push((clock::now(), mask));
-            self.last = now;
+        // Bit 2a of `pairs`: array a's small or large value changed.
+        let mut pairs = (mask | (mask >> 1)) & EVEN_18;
+        while pairs != 0 {
+            let b = pairs.trailing_zeros() as usize;
+            pairs &= pairs - 1;
+            let a = b / 2;
+            let net = log.net[b] + log.net[b + 1];
+            log.net[N + a] = net;
+            log.rise[N + a] = log.rise[N + a].max(net);
         }
+        log.entries.push((clock::now(), mask));
     }
 }
+
+/// Bits 0, 2, ..., 16: the small-pool value of each of the 9 arrays.
+const EVEN_18: u32 = 0b01_0101_0101_0101_0101;
 
 /// Cache-line aligned so that shards do not share lines.
 #[derive(Debug)]
@@ -320,8 +322,8 @@ impl Aggregate {
         }
     }
 
-    /// One operation: every changed value, then the peaks of what changed (end values: see
-    /// [`arrays_touched`]).
+    /// One operation: every changed value, then the peaks of what changed (end values: see the
+    /// note above `ShardState`).
     #[inline]
     fn apply(&mut self, mask: u32, deltas: &[i64]) {
         let mut k = 0;
@@ -333,11 +335,12 @@ impl Aggregate {
             k += 1;
             self.peak[i] = self.peak[i].max(self.current[i]);
         }
-        let mut arrays = arrays_touched(mask);
-        while arrays != 0 {
-            let a = arrays.trailing_zeros() as usize;
-            arrays &= arrays - 1;
-            self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
+        let mut pairs = (mask | (mask >> 1)) & EVEN_18;
+        while pairs != 0 {
+            let b = pairs.trailing_zeros() as usize;
+            pairs &= pairs - 1;
+            let a = b / 2;
+            self.current[N + a] = self.current[b] + self.current[b + 1];
             self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
         }
     }
@@ -464,7 +467,7 @@ impl ShardedAllocator {
     /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]).
     #[inline]
     fn after_op(&self, len: usize) {
-        if len >= MERGE_AT && len % MERGE_AT == 0 {
+        if len >= MERGE_AT && len.is_multiple_of(MERGE_AT) {
             if len >= MERGE_MUST {
                 self.merge(&mut lock(&self.aggregate));
             } else if let Ok(mut agg) = self.aggregate.try_lock() {

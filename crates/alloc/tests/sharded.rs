@@ -187,7 +187,7 @@ fn threads_on_their_own_streams() {
                 let stream = StreamId(100 + t as u64);
                 let mut x = 0x9E37_79B9u64 ^ t as u64;
                 let mut live = Vec::new();
-                for i in 0..20_000 {
+                for i in 0..20_000u32 {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
@@ -197,7 +197,7 @@ fn threads_on_their_own_streams() {
                         let p = live.swap_remove((x as usize / 3) % live.len());
                         m.free(p, stream).unwrap();
                     }
-                    if i % 5000 == 0 {
+                    if i.is_multiple_of(5000) {
                         let _ = m.stats(); // readers merge while others run
                     }
                 }
