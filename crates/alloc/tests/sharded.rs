@@ -191,7 +191,7 @@ fn threads_on_their_own_streams() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if live.len() < 8 && (x % 3 != 0 || live.is_empty()) {
+                    if live.len() < 8 && (!x.is_multiple_of(3) || live.is_empty()) {
                         live.push(m.malloc(512 + x % (4 << 20), stream).unwrap());
                     } else {
                         let p = live.swap_remove((x as usize / 3) % live.len());
