@@ -394,3 +394,37 @@ fn sharded_allocator_through_the_api() {
     assert_eq!(a.memory_reserved(), 0);
     a.check_invariants().unwrap();
 }
+
+/// Buffers outliving every `Allocator` handle, freed on other threads while the last handle
+/// goes away: the allocator stays alive exactly as long as a shard has live buffers. Small
+/// enough to run under Miri (`cargo +nightly miri test -p cudamem --test api keepalive`), which
+/// checks the uncounted buffer-to-allocator alias for use after free and data races.
+#[test]
+fn keepalive_across_threads() {
+    for config in ["", "sharded:True"] {
+        let a = Allocator::with_config("sim:1GiB", config, "").unwrap();
+        let sim_dev = Arc::clone(a.sim_device().unwrap());
+        let streams: Vec<Stream> = (0..3).map(|_| a.create_stream().unwrap()).collect();
+        let bufs: Vec<Vec<Buffer>> = streams
+            .iter()
+            .map(|&s| (0..3).map(|k| a.alloc((k + 1) * 4096, s).unwrap()).collect())
+            .collect();
+        drop(a);
+        let hs: Vec<_> = bufs
+            .into_iter()
+            .map(|mut v| {
+                thread::spawn(move || {
+                    let last = v.pop().unwrap();
+                    let again = last.allocator().alloc(512, last.stream()).unwrap();
+                    drop(v);
+                    drop(again);
+                    drop(last);
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(sim_dev.used(), 0, "the last buffer's drop released the allocator ({config})");
+    }
+}
