@@ -143,7 +143,8 @@ pub fn existing() -> impl Iterator<Item = (i32, &'static CachingAllocator)> {
 /// what was there (the environment, unless an earlier call set it).
 pub fn configure(policy: Option<&str>, config: Option<&str>) -> Result<(), RegistryError> {
     if let Some(c) = config {
-        AllocatorConfig::parse(c).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+        let cfg = AllocatorConfig::parse(c).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+        refuse_sharded(&cfg)?;
     }
     if let Some(p) = policy {
         check_policy(p)?;
@@ -183,6 +184,7 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
         None => AllocatorConfig::from_env(),
     }
     .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    refuse_sharded(&config)?;
     let (policy, from_env) = match o.policy {
         Some(p) => (p, false),
         None => match std::env::var("CUDAMEM_POLICY") {
@@ -195,6 +197,19 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
         other => other,
     })?;
     Ok((config, policy))
+}
+
+/// `sharded:True` is the Rust API's: this package keeps one allocator lock per device (its
+/// history, snapshots and memory fraction need the device-wide view). Said, not ignored.
+fn refuse_sharded(cfg: &AllocatorConfig) -> Result<(), RegistryError> {
+    if cfg.sharded {
+        return Err(RegistryError::BadSetting(
+            "sharded:True is not available in the Python package, which keeps one allocator lock per \
+             device (per-stream shards are in the Rust API: cudamem::Allocator)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// What kind of device `CUDAMEM_DEVICE` asks for.

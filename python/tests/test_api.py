@@ -255,6 +255,8 @@ def test_bad_config_is_a_value_error_with_the_parsers_text():
         cudamem.configure(config="no_such_option:1")
     with pytest.raises(ValueError, match="unknown policy"):
         cudamem.configure(policy="fastest")
+    with pytest.raises(ValueError, match="sharded:True is not available in the Python package"):
+        cudamem.configure(config="sharded:True")
     cudamem.configure()  # nothing to change: fine at any time
 
 

@@ -425,6 +425,10 @@ fn keepalive_across_threads() {
         for h in hs {
             h.join().unwrap();
         }
-        assert_eq!(sim_dev.used(), 0, "the last buffer's drop released the allocator ({config})");
+        assert_eq!(
+            sim_dev.used(),
+            0,
+            "the last buffer's drop released the allocator ({config})"
+        );
     }
 }
