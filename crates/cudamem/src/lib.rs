@@ -451,45 +451,42 @@ struct Inner {
     /// With `sharded:True`: serves every allocation instead of `engine` (which then holds
     /// nothing; it keeps the configuration, the policy's name and the history API).
     sharded: Option<ShardedAllocator>,
-    /// Per shard (one slot without sharding): handles that keep this allocator alive while the
-    /// shard has live buffers. A buffer does not hold a counted handle: one shared reference
-    /// count written by every alloc and free would make threads on their own streams contend
-    /// again; the shard's own count of live allocations (kept under its lock) says when a
-    /// handle must be taken (0 → 1) and given back (1 → 0).
-    keepalive: Box<[Mutex<KeepAlive>]>,
     device: Arc<dyn Device>,
     cuda: Option<Arc<CudaDevice>>,
     sim: Option<Arc<SimDevice>>,
 }
 
-/// See [`Inner::keepalive`].
-#[derive(Default)]
-struct KeepAlive {
-    handles: Vec<Arc<Inner>>,
-    /// Releases that came before their take (not expected; kept so that none is lost).
-    owed: usize,
+/// Keep-alive. A buffer does not hold a counted handle of its allocator: one shared reference
+/// count written by every alloc and free would make threads on their own streams contend
+/// again. Instead each shard (the one engine, without sharding) holds one count of the
+/// allocator's `Arc` while it has live allocations: taken when its count of live allocations
+/// (kept under its lock) goes 0 → 1, given back when it returns to 0. Why the `Arc` never
+/// reaches zero while it can still be used: whoever allocates holds a counted handle or a live
+/// buffer (whose shard holds a count), and a shard's count is given back only after its last
+/// buffer is gone; a take always comes before the release that matches it, because the
+/// buffer whose free makes the release exists only after its allocation's take.
+impl Inner {
+    /// Shard has live buffers now: one more count of the allocator's `Arc`.
+    fn hold(self: &Arc<Self>) {
+        // SAFETY: `self` is a live `Arc<Inner>`; the count taken here is given back by exactly
+        // one `Release` (see the comment above `impl Inner`).
+        unsafe { Arc::increment_strong_count(Arc::as_ptr(self)) }
+    }
+}
+
+/// Gives back a shard's count of the allocator's `Arc` when dropped; drop it after the last use
+/// of the allocator (this may free it).
+struct Release(*const Inner);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        // SAFETY: matches the `hold` of the shard whose live count just returned to zero; the
+        // pointer came from that `Arc` (see the comment above `impl Inner`).
+        unsafe { Arc::decrement_strong_count(self.0) }
+    }
 }
 
 impl Inner {
-    /// Shard `i` has live buffers now: hold the allocator alive.
-    fn hold(self: &Arc<Self>, i: usize) {
-        let mut k = self.keepalive[i].lock().unwrap_or_else(|e| e.into_inner());
-        if k.owed > 0 {
-            k.owed -= 1;
-        } else {
-            k.handles.push(self.clone());
-        }
-    }
-    /// Shard `i` has no live buffer now: the handle to drop (after every use of `self`).
-    #[must_use]
-    fn release(&self, i: usize) -> Option<Arc<Inner>> {
-        let mut k = self.keepalive[i].lock().unwrap_or_else(|e| e.into_inner());
-        let h = k.handles.pop();
-        if h.is_none() {
-            k.owed += 1;
-        }
-        h
-    }
     /// Allocates; `Some(shard)` when that shard's live count went 0 → 1.
     fn malloc(&self, size: u64, stream: StreamId) -> Result<(u64, Option<usize>), AllocError> {
         match &self.sharded {
@@ -602,16 +599,10 @@ impl Allocator {
             None
         };
         let engine = CachingAllocator::with_policy(dev.clone(), config, &policy)?;
-        let slots = if sharded.is_some() {
-            cudamem_alloc::sharded::SHARDS
-        } else {
-            1
-        };
         Ok(Allocator {
             inner: Arc::new(Inner {
                 engine,
                 sharded,
-                keepalive: (0..slots).map(|_| Mutex::default()).collect(),
                 device: dev,
                 cuda,
                 sim,
@@ -648,8 +639,8 @@ impl Allocator {
     pub fn alloc(&self, size: usize, stream: Stream) -> Result<Buffer, Error> {
         self.check_stream(stream)?;
         let (ptr, first) = self.inner.malloc(size as u64, stream.id())?;
-        if let Some(i) = first {
-            self.inner.hold(i);
+        if first.is_some() {
+            self.inner.hold();
         }
         let (alloc, counted) = if ptr == 0 {
             // No allocation keeps the allocator alive for an empty buffer: it holds a handle.
@@ -1000,12 +991,12 @@ impl Buffer {
             return Ok(());
         }
         let r = self.alloc.inner.free(self.ptr, self.stream.id());
-        let handle = match &r {
-            Ok(Some(i)) => self.alloc.inner.release(*i),
+        let release = match &r {
+            Ok(Some(_)) => Some(Release(Arc::as_ptr(&self.alloc.inner))),
             _ => None,
         };
-        // The last use of `self.alloc` was above: dropping the handle may free the allocator.
-        drop(handle);
+        // The last use of `self.alloc` was above: giving the count back may free the allocator.
+        drop(release);
         r.map(|_| ()).map_err(Error::from)
     }
 
