@@ -41,9 +41,9 @@
 //! One difference of timing, not of decisions: a block freed after `record_stream` waits for
 //! its events and is checked for them when *its* shard next allocates (the single engine checks
 //! at every allocation of the device). The block could only be reused by its own stream — in
-//! that shard — anyway; until then it counts as active a little longer. `empty_cache`, stats
-//! reads after `synchronize` and the out-of-memory path see the same state as the single
-//! engine. (The equivalence test therefore uses no `record_stream`.)
+//! that shard — anyway; until then it may count as active longer than with the single engine.
+//! `empty_cache` and the out-of-memory path wait for every event of every shard, as the single
+//! engine does. (The equivalence test therefore uses no `record_stream`.)
 //!
 //! Not supported here (use [`crate::CachingAllocator`]): a per-process memory fraction, the
 //! history and snapshots — each needs one device-wide view per operation, which is what
