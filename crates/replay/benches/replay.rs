@@ -1,11 +1,13 @@
 //! Replay speed: ns per trace operation (alloc or free) of each shared trace, per policy, load
-//! and compile excluded; and the cache-hit alloc+free pair on the simulated device.
+//! and compile excluded; the cache-hit alloc+free pair on the simulated device; and the same
+//! pairs from 1 and 2 threads on their own streams, with one lock and with `sharded:True`
+//! (`threads` group: time per pair of all threads together, so lower is more throughput).
 //! Run: `cargo bench -p cudamem-replay --bench replay`.
 
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use cudamem_alloc::{AllocatorConfig, CachingAllocator};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, ShardedAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
 use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
@@ -106,5 +108,46 @@ fn history(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, replay, pair, history);
+/// Pairs of mixed sizes from `threads` threads, each on its own stream, through one lock or
+/// through shards; criterion times `iters` pairs of all threads together.
+fn threads(c: &mut Criterion) {
+    const MIX: [u64; 4] = [512, 64 << 10, 1 << 20, 4 << 20];
+    let mut g = c.benchmark_group("threads");
+    for n in [1usize, 2] {
+        for sharded in [false, true] {
+            let dev = || -> std::sync::Arc<dyn Device> { std::sync::Arc::new(SimDevice::default()) };
+            let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+            let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+            let label = format!("{n}_threads/{}", if sharded { "sharded" } else { "one_lock" });
+            g.bench_function(label, |b| {
+                b.iter_custom(|iters| {
+                    let per = (iters as usize).div_ceil(n);
+                    let start = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for t in 0..n {
+                            let (one, sh) = (&one, &sh);
+                            s.spawn(move || {
+                                let stream = StreamId(100 + t as u64);
+                                for i in 0..per {
+                                    let size = MIX[i % MIX.len()];
+                                    if sharded {
+                                        let p = sh.malloc(size, stream).unwrap();
+                                        sh.free(p, stream).unwrap();
+                                    } else {
+                                        let p = one.malloc(size, stream).unwrap();
+                                        one.free(p).unwrap();
+                                    }
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, replay, pair, history, threads);
 criterion_main!(benches);
