@@ -227,32 +227,47 @@ impl ShardState {
         }
         let log = &mut self.log;
         log.deltas.reserve(N);
+        let start = log.deltas.len();
         let mut m = mask;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            let d = now[i] - self.last[i];
+            log.deltas.push(now[i] - self.last[i]);
             self.last[i] = now[i];
-            log.deltas.push(d);
-            log.net[i] += d;
-            log.rise[i] = log.rise[i].max(log.net[i]);
         }
-        // Bit 2a of `pairs`: array a's small or large value changed.
-        let mut pairs = (mask | (mask >> 1)) & EVEN_18;
-        while pairs != 0 {
-            let b = pairs.trailing_zeros() as usize;
-            pairs &= pairs - 1;
-            let a = b / 2;
-            let net = log.net[b] + log.net[b + 1];
-            log.net[N + a] = net;
-            log.rise[N + a] = log.rise[N + a].max(net);
-        }
+        add_op(&mut log.net, &mut log.rise, mask, &log.deltas[start..]);
         log.entries.push((clock::now(), mask));
     }
 }
 
 /// Bits 0, 2, ..., 16: the small-pool value of each of the 9 arrays.
 const EVEN_18: u32 = 0b01_0101_0101_0101_0101;
+
+/// Adds one operation's changes (`mask`; `deltas` in bit order) to `values`, then raises
+/// `highs` to the new value of every series that changed, the arrays' `all` (small + large)
+/// included — end values only (see the note above `impl ShardState`). A shard uses it for its
+/// log's net change and largest rise, the aggregate for the device's values and peaks.
+#[inline]
+fn add_op(values: &mut [i64; S], highs: &mut [i64; S], mask: u32, deltas: &[i64]) {
+    let mut k = 0;
+    let mut m = mask;
+    while m != 0 {
+        let i = m.trailing_zeros() as usize;
+        m &= m - 1;
+        values[i] += deltas[k];
+        k += 1;
+        highs[i] = highs[i].max(values[i]);
+    }
+    // Bit 2a of `pairs`: array a's small or large value changed.
+    let mut pairs = (mask | (mask >> 1)) & EVEN_18;
+    while pairs != 0 {
+        let b = pairs.trailing_zeros() as usize;
+        pairs &= pairs - 1;
+        let a = b / 2;
+        values[N + a] = values[b] + values[b + 1];
+        highs[N + a] = highs[N + a].max(values[N + a]);
+    }
+}
 
 /// Cache-line aligned so that shards do not share lines.
 #[derive(Debug)]
@@ -329,27 +344,10 @@ impl Aggregate {
         }
     }
 
-    /// One operation: every changed value, then the peaks of what changed (end values: see the
-    /// note above `ShardState`).
+    /// One operation onto the device's values and peaks.
     #[inline]
     fn apply(&mut self, mask: u32, deltas: &[i64]) {
-        let mut k = 0;
-        let mut m = mask;
-        while m != 0 {
-            let i = m.trailing_zeros() as usize;
-            m &= m - 1;
-            self.current[i] += deltas[k];
-            k += 1;
-            self.peak[i] = self.peak[i].max(self.current[i]);
-        }
-        let mut pairs = (mask | (mask >> 1)) & EVEN_18;
-        while pairs != 0 {
-            let b = pairs.trailing_zeros() as usize;
-            pairs &= pairs - 1;
-            let a = b / 2;
-            self.current[N + a] = self.current[b] + self.current[b + 1];
-            self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
-        }
+        add_op(&mut self.current, &mut self.peak, mask, deltas);
     }
 }
 
