@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== Rust workspace tests"
-cargo test --workspace --release --locked
+cargo test --workspace --profile ci --locked
 echo "== Python package tests"
 bash python/build_and_test.sh
 echo "== The HTML viewer in headless Chromium"
-CUDAMEM=target/release/cudamem bash scripts/viz/browser-test.sh tests/data/bert_varlen_infer.pickle.gz target/viz-browser-test.png
+CUDAMEM=target/ci/cudamem bash scripts/viz/browser-test.sh tests/data/bert_varlen_infer.pickle.gz target/viz-browser-test.png
 echo "== A short fuzz run of every target (20 s each; any failing input fails the run)"
 bash scripts/fuzz.sh 20

@@ -39,6 +39,42 @@ fn class_of(size: u64) -> usize {
     (EXACT_UNITS as usize) + ((e - 6) as usize) * (1 << SUB) + m as usize
 }
 
+/// Position of the first entry ≥ `(size, addr)` in a sorted class vector. Classes hold a few
+/// entries as a rule (a class spans ≤ 3% of sizes), where a scan beats a binary search.
+#[inline]
+fn first_at_or_after(v: &[(u64, u64, BlockId)], size: u64, addr: u64) -> usize {
+    if v.len() <= 8 {
+        v.iter().take_while(|e| (e.0, e.1) < (size, addr)).count()
+    } else {
+        v.partition_point(|e| (e.0, e.1) < (size, addr))
+    }
+}
+
+/// `Vec::insert` without a call to `memmove` for the short tails of class vectors.
+#[inline]
+fn insert_at(v: &mut Vec<(u64, u64, BlockId)>, i: usize, e: (u64, u64, BlockId)) {
+    if v.len() - i > 4 {
+        return v.insert(i, e);
+    }
+    v.push(e);
+    for j in (i + 1..v.len()).rev() {
+        v.swap(j, j - 1);
+    }
+}
+
+/// `Vec::remove` likewise.
+#[inline]
+fn remove_at(v: &mut Vec<(u64, u64, BlockId)>, i: usize) {
+    if v.len() - i > 5 {
+        v.remove(i);
+        return;
+    }
+    for j in i + 1..v.len() {
+        v.swap(j - 1, j);
+    }
+    v.pop();
+}
+
 /// The free blocks of one stream in one pool.
 #[derive(Debug, Clone)]
 pub struct StreamBins {
@@ -114,33 +150,31 @@ impl StreamBins {
     fn insert(&mut self, size: u64, addr: u64, id: BlockId) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
-        match v.binary_search_by(|e| (e.0, e.1).cmp(&(size, addr))) {
-            Ok(_) => false,
-            Err(i) => {
-                v.insert(i, (size, addr, id));
-                if v.len() == 1 {
-                    self.mark(c, true);
-                }
-                self.len += 1;
-                true
-            }
+        let i = first_at_or_after(v, size, addr);
+        if v.get(i).is_some_and(|e| (e.0, e.1) == (size, addr)) {
+            return false;
         }
+        insert_at(v, i, (size, addr, id));
+        if v.len() == 1 {
+            self.mark(c, true);
+        }
+        self.len += 1;
+        true
     }
 
     fn remove(&mut self, size: u64, addr: u64) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
-        match v.binary_search_by(|e| (e.0, e.1).cmp(&(size, addr))) {
-            Ok(i) => {
-                v.remove(i);
-                if v.is_empty() {
-                    self.mark(c, false);
-                }
-                self.len -= 1;
-                true
-            }
-            Err(_) => false,
+        let i = first_at_or_after(v, size, addr);
+        if !v.get(i).is_some_and(|e| (e.0, e.1) == (size, addr)) {
+            return false;
         }
+        remove_at(v, i);
+        if v.is_empty() {
+            self.mark(c, false);
+        }
+        self.len -= 1;
+        true
     }
 
     /// Position of the first entry ≥ `(size, addr)`.
@@ -148,7 +182,7 @@ impl StreamBins {
     fn lower_bound(&self, size: u64, addr: u64) -> Option<(usize, usize)> {
         let c = class_of(size);
         let v = &self.classes[c];
-        let i = v.partition_point(|e| (e.0, e.1) < (size, addr));
+        let i = first_at_or_after(v, size, addr);
         if i < v.len() {
             return Some((c, i));
         }
@@ -159,7 +193,7 @@ impl StreamBins {
     fn below(&self, size: u64, addr: u64) -> Option<(usize, usize)> {
         let c = class_of(size);
         let v = &self.classes[c];
-        let i = v.partition_point(|e| (e.0, e.1) < (size, addr));
+        let i = first_at_or_after(v, size, addr);
         if i > 0 {
             return Some((c, i - 1));
         }

@@ -1,0 +1,26 @@
+//! Replays one trace a fixed number of times on fresh simulated devices, for instruction counts
+//! under callgrind (load and compile are outside `run_once`, so collect only inside it):
+//! `valgrind --tool=callgrind --toggle-collect='*run_once*' target/release/examples/replay_instr TRACE [policy] [passes]`.
+use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = args.next().expect("usage: replay_instr TRACE [policy] [passes]");
+    let policy = args.next().unwrap_or_else(|| "cudamem".into());
+    let passes: usize = args.next().map_or(3, |s| s.parse().expect("passes: a number"));
+    let trace = cudamem_trace::read_path(std::path::Path::new(&path)).unwrap();
+    let p = Program::compile(&trace.devices[0]);
+    let opts = ReplayOptions {
+        policy: policy.clone(),
+        ..ReplayOptions::default()
+    };
+    let cfg = effective_config(&trace, &opts).unwrap();
+    let mut slots = vec![0u64; p.slots as usize];
+    let mut total = 0u64;
+    for _ in 0..passes {
+        let (target, alloc) = new_allocator(&p, &cfg, &opts, policy == "pytorch").unwrap();
+        let mut e = alloc.lock();
+        total += run_once(&p, &mut e, &target, &mut slots, false).0;
+    }
+    println!("{} ops per pass, {:.1} ns/op", p.trace_ops, total as f64 / (passes as f64 * p.trace_ops as f64));
+}
