@@ -22,8 +22,10 @@ trap 'rm -f "$json"' EXIT
 
 cargo build -p cudamem-cuda --release --example driver_pairs
 cargo build -p cudamem --release --example gpu_bench --example quickstart
-cargo test -p cudamem-cuda --release --no-run --message-format=json >"$json"
-cargo test -p cudamem --release --no-run --message-format=json >>"$json"
+cargo build -p cudamem-alloc --release --example sharded_cost
+# Test binaries in the `ci` profile (release without LTO: same code, minutes less linking).
+cargo test -p cudamem-cuda --profile ci --no-run --message-format=json >"$json"
+cargo test -p cudamem --profile ci --no-run --message-format=json >>"$json"
 
 # Test executables from cargo's JSON messages: one per test target (lib unit tests, gpu_device).
 exe_of() { # $1 = target name, $2 = target kind
@@ -39,7 +41,7 @@ if command -v jq >/dev/null; then
     galloc=$(exe_of gpu_allocator test)
 fi
 # Fallback without jq: the newest matching file, excluding dep-info files.
-newest() { ls -t target/release/deps/"$1"-* | grep -v '\.d$' | head -n 1; }
+newest() { ls -t target/ci/deps/"$1"-* | grep -v '\.d$' | head -n 1; }
 [ -n "$unit" ] || unit=$(newest cudamem_cuda)
 [ -n "$gpu" ] || gpu=$(newest gpu_device)
 [ -n "$api" ] || api=$(newest api)
@@ -71,11 +73,12 @@ objcopy --strip-debug "$api" "$out2/api"
 objcopy --strip-debug "$galloc" "$out2/gpu_allocator"
 objcopy --strip-debug "$gbench" "$out2/gpu_bench"
 objcopy --strip-debug "$quick" "$out2/quickstart"
+objcopy --strip-debug target/release/examples/sharded_cost "$out2/sharded_cost"
 {
     echo "cudamem GPU binaries"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$([ -z "$(git status --porcelain -- crates/cuda crates/cudamem crates/alloc crates/device 2>/dev/null)" ] || echo ' + uncommitted changes in crates/{cuda,cudamem,alloc,device}')"
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
-    (cd "$out2" && sha256sum api gpu_allocator gpu_bench quickstart)
+    (cd "$out2" && sha256sum api gpu_allocator gpu_bench quickstart sharded_cost)
 } >"$out2/MANIFEST.txt"
 ls -l "$out2"
 du -shc "$out" "$out2"

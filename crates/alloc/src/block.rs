@@ -167,7 +167,13 @@ pub type SizeKey = (StreamId, u64, u64, BlockId);
 pub type AddrKey = (StreamId, u64, BlockId);
 
 /// The free blocks of one size class. See the [module documentation](self).
+///
+/// Aligned to 128 bytes: a pool's counters change on every operation, and the engines of
+/// [`crate::ShardedAllocator`] are built one after another on one thread, so without it one
+/// shard's pools could share a cache line with another shard's state (false sharing between
+/// threads that share nothing).
 #[derive(Debug)]
+#[repr(align(128))]
 pub struct Pool {
     /// Whether the pool's blocks count as `small_pool` in the stats.
     pub is_small: bool,

@@ -115,28 +115,51 @@ mod clock {
     }
 }
 
-/// The tracked "current" values of a stats record.
+/// The tracked "current" values of a stats record (written out: on the hot path of every
+/// logged operation, where a loop over references costs twice the loads).
 #[inline]
 fn currents(s: &DeviceStats) -> [i64; N] {
-    let a = [
-        &s.active,
-        &s.active_bytes,
-        &s.allocated_bytes,
-        &s.allocation,
-        &s.inactive_split,
-        &s.inactive_split_bytes,
-        &s.requested_bytes,
-        &s.reserved_bytes,
-        &s.segment,
-    ];
-    let mut c = [0i64; N];
-    for (i, arr) in a.iter().enumerate() {
-        c[2 * i] = arr.0[1].current;
-        c[2 * i + 1] = arr.0[2].current;
+    let c = |a: &crate::stats::StatArray, k: usize| a.0[k].current;
+    [
+        c(&s.active, 1),
+        c(&s.active, 2),
+        c(&s.active_bytes, 1),
+        c(&s.active_bytes, 2),
+        c(&s.allocated_bytes, 1),
+        c(&s.allocated_bytes, 2),
+        c(&s.allocation, 1),
+        c(&s.allocation, 2),
+        c(&s.inactive_split, 1),
+        c(&s.inactive_split, 2),
+        c(&s.inactive_split_bytes, 1),
+        c(&s.inactive_split_bytes, 2),
+        c(&s.requested_bytes, 1),
+        c(&s.requested_bytes, 2),
+        c(&s.reserved_bytes, 1),
+        c(&s.reserved_bytes, 2),
+        c(&s.segment, 1),
+        c(&s.segment, 2),
+        s.oversize_allocations.current,
+        s.oversize_segments.current,
+    ]
+}
+
+/// Every tracked series of a stats record — the [`N`] per-pool values, then the 9 arrays'
+/// `all` — as (current, peak).
+fn series(s: &DeviceStats) -> ([i64; S], [i64; S]) {
+    let (mut cur, mut high) = ([0i64; S], [0i64; S]);
+    let mut s = *s;
+    for (a, arr) in arrays_mut(&mut s).into_iter().enumerate() {
+        for (k, series) in [(1, 2 * a), (2, 2 * a + 1), (0, N + a)] {
+            cur[series] = arr.0[k].current;
+            high[series] = arr.0[k].peak;
+        }
     }
-    c[18] = s.oversize_allocations.current;
-    c[19] = s.oversize_segments.current;
-    c
+    for (series, st) in [(18, s.oversize_allocations), (19, s.oversize_segments)] {
+        cur[series] = st.current;
+        high[series] = st.peak;
+    }
+    (cur, high)
 }
 
 /// The stat arrays of a stats record, in the order of [`currents`].
@@ -159,15 +182,21 @@ const S: usize = N + 9;
 
 /// Changes of the tracked values since the last merge, one entry per operation that changed
 /// any, plus a summary that lets a merge skip the entries when they cannot make a new peak.
+/// The summary is not kept per operation: the shard's engine already keeps, for every stat, its
+/// highest value — which no one reads once several shards log (the device's peaks are the
+/// aggregate's) — so the window's largest rise is that peak minus the window's start value,
+/// read when the window closes ([`ShardState::close_window`]).
 #[derive(Debug)]
 struct Log {
     /// (timestamp, bit i set if value i changed)
     entries: Vec<(u64, u32)>,
     /// The changes, in entry order and bit order.
     deltas: Vec<i64>,
-    /// Per series: the net change over the entries.
+    /// Per series: the net change over the window (set when it closes).
     net: [i64; S],
-    /// Per series: the largest net change over any prefix of the entries (≥ 0, the empty one).
+    /// Per series: the largest rise over the window above its start value, ≥ 0 (set when it
+    /// closes; it may count a value reached inside an operation, so it bounds the rise of the
+    /// logged end values from above, which is all a merge needs to skip the entries).
     rise: [i64; S],
 }
 
@@ -198,6 +227,8 @@ struct ShardState {
     log: Log,
     /// The tracked values as of the last logged operation.
     last: [i64; N],
+    /// Every series' value when the current log window began.
+    start: [i64; S],
     /// Whether operations are logged: from the moment a second shard is used. Until then the
     /// one shard in use is the device and its own stats are exact (no clock, no log).
     logging: bool,
@@ -227,16 +258,32 @@ impl ShardState {
         }
         let log = &mut self.log;
         log.deltas.reserve(N);
-        let start = log.deltas.len();
-        let mut m = mask;
+        let spare = log.deltas.spare_capacity_mut();
+        let (mut m, mut k) = (mask, 0);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            log.deltas.push(now[i] - self.last[i]);
-            self.last[i] = now[i];
+            spare[k].write(now[i] - self.last[i]);
+            k += 1;
         }
-        add_op(&mut log.net, &mut log.rise, mask, &log.deltas[start..]);
+        let len = log.deltas.len() + k;
+        // SAFETY: the `k` (≤ N) slots after the length were just written; `reserve(N)` made room.
+        unsafe { log.deltas.set_len(len) };
+        self.last = now;
         log.entries.push((clock::now(), mask));
+    }
+
+    /// Closes the log window (under every shard's lock): the log gets the window's net change
+    /// and largest rise per series from the engine's stats, and the next window starts from
+    /// here, with the engine's peaks back at the current values.
+    fn close_window(&mut self) {
+        let (now, high) = series(&self.engine.stats);
+        for k in 0..S {
+            self.log.net[k] = now[k] - self.start[k];
+            self.log.rise[k] = high[k] - self.start[k];
+        }
+        self.start = now;
+        self.engine.stats.reset_peak();
     }
 }
 
@@ -245,8 +292,8 @@ const EVEN_18: u32 = 0b01_0101_0101_0101_0101;
 
 /// Adds one operation's changes (`mask`; `deltas` in bit order) to `values`, then raises
 /// `highs` to the new value of every series that changed, the arrays' `all` (small + large)
-/// included — end values only (see the note above `impl ShardState`). A shard uses it for its
-/// log's net change and largest rise, the aggregate for the device's values and peaks.
+/// included — end values only (see the note above `impl ShardState`): the aggregate's values
+/// and peaks, one logged operation at a time.
 #[inline]
 fn add_op(values: &mut [i64; S], highs: &mut [i64; S], mask: u32, deltas: &[i64]) {
     let mut k = 0;
@@ -394,6 +441,7 @@ impl ShardedAllocator {
                 engine: Engine::new(device.clone(), cfg, p),
                 log: Log::default(),
                 last: [0; N],
+                start: [0; S],
                 logging: false,
             })));
         }
@@ -488,6 +536,7 @@ impl ShardedAllocator {
         {
             let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
             for (i, st) in shards.iter_mut().enumerate() {
+                st.close_window();
                 std::mem::swap(&mut agg.taken[i], &mut st.log);
             }
         }
@@ -534,6 +583,8 @@ impl ShardedAllocator {
                 agg.peak[19] = s.oversize_segments.peak;
                 for st in shards.iter_mut() {
                     st.last = currents(&st.engine.stats);
+                    st.start = series(&st.engine.stats).0;
+                    st.engine.stats.reset_peak();
                     st.logging = true;
                 }
                 self.mode.store(MULTI, Ordering::Release);
@@ -550,6 +601,7 @@ impl ShardedAllocator {
         let mode = self.mode.load(Ordering::Acquire);
         if mode == MULTI {
             for (i, st) in shards.iter_mut().enumerate() {
+                st.close_window();
                 std::mem::swap(&mut agg.taken[i], &mut st.log);
             }
             agg.merge_taken();
