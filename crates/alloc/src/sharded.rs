@@ -316,6 +316,18 @@ fn add_op(values: &mut [i64; S], highs: &mut [i64; S], mask: u32, deltas: &[i64]
     }
 }
 
+/// A value on cache lines of its own (128 bytes: adjacent-line prefetch pairs 64-byte lines).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Cache-line aligned so that shards do not share lines.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -405,8 +417,9 @@ pub struct ShardedAllocator {
     shards: Box<[Shard]>,
     /// Stream → shard: key `stream + 1` (0 = empty slot), value the shard + 1 (0 = being set).
     table: Box<[(AtomicU64, AtomicU64)]>,
-    next_shard: AtomicU64,
-    aggregate: Mutex<Aggregate>,
+    next_shard: Padded<AtomicU64>,
+    /// On lines of its own: merges write it while every operation reads the fields above.
+    aggregate: Padded<Mutex<Aggregate>>,
     /// [`EMPTY`], [`MULTI`], or the one shard used so far.
     mode: AtomicU64,
     device: Arc<dyn Device>,
@@ -448,14 +461,14 @@ impl ShardedAllocator {
         Ok(ShardedAllocator {
             shards: shards.into_boxed_slice(),
             table: (0..TABLE).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
-            next_shard: AtomicU64::new(0),
-            aggregate: Mutex::new(Aggregate {
+            next_shard: Padded(AtomicU64::new(0)),
+            aggregate: Padded(Mutex::new(Aggregate {
                 current: [0; S],
                 peak: [0; S],
                 taken: (0..SHARDS).map(|_| Log::default()).collect(),
                 replays: 0,
                 merges: 0,
-            }),
+            })),
             mode: AtomicU64::new(EMPTY),
             device,
             policy: policy.to_string(),
