@@ -148,8 +148,18 @@ fn currents(s: &DeviceStats) -> [i64; N] {
 /// `all` — as (current, peak).
 fn series(s: &DeviceStats) -> ([i64; S], [i64; S]) {
     let (mut cur, mut high) = ([0i64; S], [0i64; S]);
-    let mut s = *s;
-    for (a, arr) in arrays_mut(&mut s).into_iter().enumerate() {
+    let arrays = [
+        &s.active,
+        &s.active_bytes,
+        &s.allocated_bytes,
+        &s.allocation,
+        &s.inactive_split,
+        &s.inactive_split_bytes,
+        &s.requested_bytes,
+        &s.reserved_bytes,
+        &s.segment,
+    ];
+    for (a, arr) in arrays.into_iter().enumerate() {
         for (k, series) in [(1, 2 * a), (2, 2 * a + 1), (0, N + a)] {
             cur[series] = arr.0[k].current;
             high[series] = arr.0[k].peak;
@@ -277,6 +287,12 @@ impl ShardState {
     /// and largest rise per series from the engine's stats, and the next window starts from
     /// here, with the engine's peaks back at the current values.
     fn close_window(&mut self) {
+        if self.log.entries.is_empty() {
+            // Nothing changed: net and rise stay 0 (a taken log comes back cleared), and the
+            // peaks still equal the start values. Most shards of a merge are idle: skipping
+            // them keeps the time every shard is locked short.
+            return;
+        }
         let (now, high) = series(&self.engine.stats);
         for k in 0..S {
             self.log.net[k] = now[k] - self.start[k];

@@ -148,14 +148,16 @@ fn driver_figures(d: &CudaDevice, stream: Stream, iters: usize) -> Result<Vec<(f
     Ok(out)
 }
 
-/// Pairs per second of `threads` threads sharing `a`, each on its own stream, for `dur`.
-fn throughput(a: &Allocator, streams: &[Stream], threads: usize, dur: Duration) -> f64 {
+/// Pairs per second of `threads` threads, each on its own stream, for `dur`; thread `t` uses
+/// `allocs[t % allocs.len()]` (one shared allocator, or one each).
+fn throughput(allocs: &[Allocator], streams: &[Stream], threads: usize, dur: Duration) -> f64 {
     const MIX: [usize; 8] = [512, 4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 2 << 10];
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (a, stop, start, stream) = (a.clone(), stop.clone(), start.clone(), streams[t]);
+            let a = allocs[t % allocs.len()].clone();
+            let (stop, start, stream) = (stop.clone(), start.clone(), streams[t]);
             std::thread::spawn(move || {
                 let mut live: Vec<Buffer> = Vec::with_capacity(4);
                 // Warm-up: every size of the mix in this stream's cache.
@@ -207,17 +209,19 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let (a, b) = match (
+    let max_threads = *THREADS.iter().max().unwrap();
+    let (a, b, own) = match (
         Allocator::new(&device),
         Allocator::with_config(&device, "sharded:True", ""),
+        (0..max_threads).map(|_| Allocator::new(&device)).collect::<Result<Vec<_>, _>>(),
     ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
+        (Ok(a), Ok(b), Ok(own)) => (a, b, own),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             eprintln!("gpu_bench: {e}");
             std::process::exit(1);
         }
     };
-    if let Err(e) = run(&a, &b, iters, Duration::from_millis(duration_ms)) {
+    if let Err(e) = run(&a, &b, &own, iters, Duration::from_millis(duration_ms)) {
         eprintln!("gpu_bench: {e}");
         std::process::exit(1);
     }
@@ -231,7 +235,15 @@ fn json_num(x: Option<f64>) -> String {
     x.map_or("null".to_string(), |v| format!("{v:.1}"))
 }
 
-fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Result<(), Box<dyn std::error::Error>> {
+/// `own`: one default allocator per thread, sharing nothing — the third throughput table, what
+/// this machine's cores give this loop when nothing at all is shared (the ceiling for sharding).
+fn run(
+    a: &Allocator,
+    sharded: &Allocator,
+    own: &[Allocator],
+    iters: usize,
+    dur: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
     let dev = a.device_name();
     let (_, total) = a.mem_get_info()?;
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -297,9 +309,17 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
         ));
     }
 
-    // 2. Throughput over threads, one mutex per device, then sharded.
+    // 2. Throughput over threads, one mutex per device, then sharded, then one allocator each.
     let mut base_one = f64::NAN;
-    for (label, al) in [("one allocator lock (default)", a), ("sharded:True", sharded)] {
+    let shared = [a.clone()];
+    let sharded_one = [sharded.clone()];
+    for (label, allocs) in [
+        ("one allocator lock (default)", &shared[..]),
+        ("sharded:True", &sharded_one[..]),
+        ("one default allocator per thread (nothing shared: the machine's ceiling)", own),
+    ] {
+        let al = &allocs[0];
+        let independent = allocs.len() > 1;
         if al.is_sharded() {
             println!();
             println!("## alloc+free pair latency with sharded:True, ns (median, cache hits, one thread)");
@@ -316,14 +336,14 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
             }
         }
         let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
-            .map(|_| al.create_stream())
+            .map(|t| allocs[t % allocs.len()].create_stream())
             .collect::<Result<_, _>>()?;
         let mut rows = Vec::new();
         for &t in &THREADS {
-            rows.push((t, throughput(al, &streams, t, dur)));
+            rows.push((t, throughput(allocs, &streams, t, dur)));
         }
         let base = rows[0].1;
-        if !al.is_sharded() {
+        if !al.is_sharded() && !independent {
             base_one = base;
         }
         println!();
@@ -340,7 +360,7 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
             println!("| {t} | {ops:.0} | {:.2} | {:.2} |", ops / base, ops / base_one);
             json.push(format!(
                 "{{\"bench\":\"gpu_bench\",\"figure\":\"throughput_pairs_per_s\",\"device\":\"{dev}\",\
-                 \"sharded\":{},\"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
+                 \"sharded\":{},\"independent\":{independent},\"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
                 al.is_sharded(),
                 ops / base,
                 dur.as_millis()
@@ -355,14 +375,16 @@ fn run(a: &Allocator, sharded: &Allocator, iters: usize, dur: Duration) -> Resul
                 cudamem::ShardedAllocator::clock_cost_ns()
             );
         }
-        al.check_invariants()?;
-        let st = al.stats();
-        if st.allocated_bytes.all().current != 0 {
-            return Err(format!(
-                "{label}: {} bytes still allocated after the threads",
-                st.allocated_bytes.all().current
-            )
-            .into());
+        for al in allocs {
+            al.check_invariants()?;
+            let st = al.stats();
+            if st.allocated_bytes.all().current != 0 {
+                return Err(format!(
+                    "{label}: {} bytes still allocated after the threads",
+                    st.allocated_bytes.all().current
+                )
+                .into());
+            }
         }
     }
     a.check_invariants()?;
