@@ -166,7 +166,7 @@ impl StreamBins {
         let c = class_of(size);
         let v = &mut self.classes[c];
         let i = first_at_or_after(v, size, addr);
-        if !v.get(i).is_some_and(|e| (e.0, e.1) == (size, addr)) {
+        if v.get(i).is_none_or(|e| (e.0, e.1) != (size, addr)) {
             return false;
         }
         remove_at(v, i);

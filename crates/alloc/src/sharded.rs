@@ -303,35 +303,6 @@ impl ShardState {
     }
 }
 
-/// Bits 0, 2, ..., 16: the small-pool value of each of the 9 arrays.
-const EVEN_18: u32 = 0b01_0101_0101_0101_0101;
-
-/// Adds one operation's changes (`mask`; `deltas` in bit order) to `values`, then raises
-/// `highs` to the new value of every series that changed, the arrays' `all` (small + large)
-/// included — end values only (see the note above `impl ShardState`): the aggregate's values
-/// and peaks, one logged operation at a time.
-#[inline]
-fn add_op(values: &mut [i64; S], highs: &mut [i64; S], mask: u32, deltas: &[i64]) {
-    let mut k = 0;
-    let mut m = mask;
-    while m != 0 {
-        let i = m.trailing_zeros() as usize;
-        m &= m - 1;
-        values[i] += deltas[k];
-        k += 1;
-        highs[i] = highs[i].max(values[i]);
-    }
-    // Bit 2a of `pairs`: array a's small or large value changed.
-    let mut pairs = (mask | (mask >> 1)) & EVEN_18;
-    while pairs != 0 {
-        let b = pairs.trailing_zeros() as usize;
-        pairs &= pairs - 1;
-        let a = b / 2;
-        values[N + a] = values[b] + values[b + 1];
-        highs[N + a] = highs[N + a].max(values[N + a]);
-    }
-}
-
 /// A value on cache lines of its own (128 bytes: adjacent-line prefetch pairs 64-byte lines).
 #[derive(Debug)]
 #[repr(align(128))]
@@ -369,23 +340,26 @@ impl Aggregate {
     /// window's start plus every shard's largest rise is at most the peak — only the net
     /// changes are added; otherwise the operations are replayed in timestamp order.
     fn merge_taken(&mut self) {
-        let mut may_peak = false;
+        // Series that may have passed their peak in the window, as bits of [0, S).
+        let mut may = 0u64;
         for s in 0..S {
             let rise: i64 = self.taken.iter().map(|l| l.rise[s]).sum();
             if self.current[s] + rise > self.peak[s] {
-                may_peak = true;
-                break;
+                may |= 1 << s;
             }
         }
         self.merges += 1;
-        if may_peak {
+        let start = self.current;
+        if may != 0 {
             self.replays += 1;
-            self.replay();
-        } else {
-            for l in &self.taken {
-                for s in 0..S {
-                    self.current[s] += l.net[s];
-                }
+            self.replay(may);
+        }
+        // Every series ends at its start plus the window's net change (the replay moved only
+        // the series it tracked, to the same values).
+        self.current = start;
+        for l in &self.taken {
+            for s in 0..S {
+                self.current[s] += l.net[s];
             }
         }
         for l in &mut self.taken {
@@ -393,36 +367,49 @@ impl Aggregate {
         }
     }
 
-    /// Applies every taken operation in timestamp order.
-    fn replay(&mut self) {
-        let active: Vec<usize> = (0..self.taken.len())
+    /// Applies every taken operation in timestamp order to the series in `may` (bits of
+    /// [0, S)) and the per-pool values they are made of, raising their peaks. Series outside
+    /// `may` cannot have passed their peak; skipping them keeps a replay's cost to what it must
+    /// read.
+    fn replay(&mut self, may: u64) {
+        // Per-pool values to track: those in `may`, and both halves of every `all` in `may`.
+        let mut track = (may as u32) & ((1 << N) - 1);
+        for a in 0..9 {
+            if may & (1 << (N + a)) != 0 {
+                track |= 0b11 << (2 * a);
+            }
+        }
+        let shards: Vec<usize> = (0..self.taken.len())
             .filter(|&i| !self.taken[i].entries.is_empty())
             .collect();
-        let mut pos = vec![(0usize, 0usize); self.taken.len()];
+        // Per shard in `shards`: the stamp of its next entry (u64::MAX when done), and where
+        // that entry and its deltas are.
+        let mut head: Vec<u64> = shards.iter().map(|&i| self.taken[i].entries[0].0).collect();
+        let mut pos = vec![(0usize, 0usize); shards.len()];
         loop {
-            let mut best: Option<(u64, usize)> = None;
-            for &i in &active {
-                if let Some(&(t, _)) = self.taken[i].entries.get(pos[i].0) {
-                    if best.is_none_or(|(bt, _)| t < bt) {
-                        best = Some((t, i));
-                    }
+            let (k, &t) = head.iter().enumerate().min_by_key(|&(_, t)| *t).expect("a shard");
+            if t == u64::MAX {
+                break;
+            }
+            let log = &self.taken[shards[k]];
+            let (e, d) = pos[k];
+            let mask = log.entries[e].1;
+            let mut m = mask & track;
+            while m != 0 {
+                let i = m.trailing_zeros() as usize;
+                m &= m - 1;
+                let delta = log.deltas[d + (mask & ((1 << i) - 1)).count_ones() as usize];
+                self.current[i] += delta;
+                self.peak[i] = self.peak[i].max(self.current[i]);
+                let a = i / 2;
+                if i < 18 && may & (1 << (N + a)) != 0 {
+                    self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
+                    self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
                 }
             }
-            let Some((_, i)) = best else { break };
-            let (e, d) = pos[i];
-            let mask = self.taken[i].entries[e].1;
-            let n = mask.count_ones() as usize;
-            let mut buf = [0i64; N];
-            buf[..n].copy_from_slice(&self.taken[i].deltas[d..d + n]);
-            self.apply(mask, &buf[..n]);
-            pos[i] = (e + 1, d + n);
+            pos[k] = (e + 1, d + mask.count_ones() as usize);
+            head[k] = log.entries.get(e + 1).map_or(u64::MAX, |x| x.0);
         }
-    }
-
-    /// One operation onto the device's values and peaks.
-    #[inline]
-    fn apply(&mut self, mask: u32, deltas: &[i64]) {
-        add_op(&mut self.current, &mut self.peak, mask, deltas);
     }
 }
 
