@@ -92,7 +92,7 @@ impl Engine {
             blocks: BlockArena::default(),
             pools,
             segments: SegmentTable::default(),
-            allocated: Default::default(),
+            allocated: crate::block::AddrMap::with_capacity_and_hasher(256, Default::default()),
             events: Vec::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,

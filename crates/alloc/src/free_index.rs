@@ -147,6 +147,7 @@ impl StreamBins {
         None
     }
 
+    #[inline]
     fn insert(&mut self, size: u64, addr: u64, id: BlockId) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
@@ -162,6 +163,7 @@ impl StreamBins {
         true
     }
 
+    #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
@@ -239,6 +241,7 @@ impl FreeIndex {
     }
 
     /// Adds a free block; false if it was there.
+    #[inline]
     pub fn insert(&mut self, k: SizeKey) -> bool {
         let pos = match self.streams.binary_search_by(|(s, _)| s.cmp(&k.0)) {
             Ok(p) => p,
@@ -253,6 +256,7 @@ impl FreeIndex {
     }
 
     /// Removes a free block; false if it was not there.
+    #[inline]
     pub fn remove(&mut self, k: &SizeKey) -> bool {
         let Some(b) = self.streams.iter_mut().find(|(s, _)| *s == k.0) else {
             return false;

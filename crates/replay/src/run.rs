@@ -218,6 +218,7 @@ pub fn new_allocator(
 
 /// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if `capture`).
 /// `slots` must have `p.slots` entries; allocations still live at the end stay in `slots`.
+#[inline(never)] // one call per pass; a symbol of its own for profilers (callgrind --toggle-collect)
 pub fn run_once(
     p: &Program,
     e: &mut Engine,
