@@ -332,6 +332,8 @@ struct Aggregate {
     replays: u64,
     /// Merges in all.
     merges: u64,
+    /// Time spent replaying, ns.
+    replay_ns: u64,
 }
 
 impl Aggregate {
@@ -351,8 +353,13 @@ impl Aggregate {
         self.merges += 1;
         let start = self.current;
         if may != 0 {
+            let t = std::time::Instant::now();
+            let shards: Vec<usize> = (0..self.taken.len())
+                .filter(|&i| !self.taken[i].entries.is_empty())
+                .collect();
             self.replays += 1;
-            self.replay(may);
+            self.replay(&shards, may);
+            self.replay_ns += t.elapsed().as_nanos() as u64;
         }
         // Every series ends at its start plus the window's net change (the replay moved only
         // the series it tracked, to the same values).
@@ -371,7 +378,7 @@ impl Aggregate {
     /// [0, S)) and the per-pool values they are made of, raising their peaks. Series outside
     /// `may` cannot have passed their peak; skipping them keeps a replay's cost to what it must
     /// read.
-    fn replay(&mut self, may: u64) {
+    fn replay(&mut self, shards: &[usize], may: u64) {
         // Per-pool values to track: those in `may`, and both halves of every `all` in `may`.
         let mut track = (may as u32) & ((1 << N) - 1);
         for a in 0..9 {
@@ -379,9 +386,6 @@ impl Aggregate {
                 track |= 0b11 << (2 * a);
             }
         }
-        let shards: Vec<usize> = (0..self.taken.len())
-            .filter(|&i| !self.taken[i].entries.is_empty())
-            .collect();
         // Per shard in `shards`: the stamp of its next entry (u64::MAX when done), and where
         // that entry and its deltas are.
         let mut head: Vec<u64> = shards.iter().map(|&i| self.taken[i].entries[0].0).collect();
@@ -471,6 +475,7 @@ impl ShardedAllocator {
                 taken: (0..SHARDS).map(|_| Log::default()).collect(),
                 replays: 0,
                 merges: 0,
+                replay_ns: 0,
             })),
             mode: AtomicU64::new(EMPTY),
             device,
@@ -564,6 +569,11 @@ impl ShardedAllocator {
     pub fn merge_counts(&self) -> (u64, u64) {
         let agg = lock(&self.aggregate);
         (agg.merges, agg.replays)
+    }
+
+    /// Time spent replaying logged operations in merges, in ns (for benchmarks).
+    pub fn replay_time_ns(&self) -> u64 {
+        lock(&self.aggregate).replay_ns
     }
 
     /// Before an operation on shard `i` (holding no lock): makes sure the mode is "only shard
