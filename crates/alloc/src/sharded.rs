@@ -196,12 +196,20 @@ const S: usize = N + 9;
 /// highest value — which no one reads once several shards log (the device's peaks are the
 /// aggregate's) — so the window's largest rise is that peak minus the window's start value,
 /// read when the window closes ([`ShardState::close_window`]).
+///
+/// Compact, because a merge that replays reads every byte from other cores, and the writer
+/// then pays to own those lines again: an entry is 8 bytes (the stamp as an offset from
+/// `base`, and the mask), a change one 4-byte word as a rule (see [`push_delta`]) — about 32
+/// bytes per operation instead of 64.
 #[derive(Debug)]
 struct Log {
-    /// (timestamp, bit i set if value i changed)
-    entries: Vec<(u64, u32)>,
-    /// The changes, in entry order and bit order.
-    deltas: Vec<i64>,
+    /// (timestamp − `base`, bit i set if value i changed); the mask [`REBASE`] instead moves
+    /// `base` to the stamp written as the entry's changes (for windows longer than 2³² ticks).
+    entries: Vec<(u32, u32)>,
+    /// The changes, in entry order and bit order, encoded by [`push_delta`].
+    deltas: Vec<i32>,
+    /// The stamp the entries' offsets count from (that of the window's first entry).
+    base: u64,
     /// Per series: the net change over the window (set when it closes).
     net: [i64; S],
     /// Per series: the largest rise over the window above its start value, ≥ 0 (set when it
@@ -215,10 +223,37 @@ impl Default for Log {
         Log {
             entries: Vec::new(),
             deltas: Vec::new(),
+            base: 0,
             net: [0; S],
             rise: [0; S],
         }
     }
+}
+
+/// The mask of an entry that sets a log's `base` (no real entry has bit 31: `N` < 31).
+const REBASE: u32 = 1 << 31;
+
+/// Appends a change: one word when it fits in an `i32` other than `i32::MIN`, otherwise
+/// `i32::MIN` and the value's low and high halves.
+#[inline]
+fn push_delta(deltas: &mut Vec<i32>, d: i64) {
+    match i32::try_from(d) {
+        Ok(w) if w != i32::MIN => deltas.push(w),
+        _ => deltas.extend_from_slice(&[i32::MIN, d as i32, (d >> 32) as i32]),
+    }
+}
+
+/// Reads the change at `*at` (written by [`push_delta`]) and moves past it.
+#[inline]
+fn read_delta(deltas: &[i32], at: &mut usize) -> i64 {
+    let w = deltas[*at];
+    if w != i32::MIN {
+        *at += 1;
+        return w as i64;
+    }
+    let d = (deltas[*at + 1] as u32 as i64) | ((deltas[*at + 2] as i64) << 32);
+    *at += 3;
+    d
 }
 
 impl Log {
@@ -266,21 +301,28 @@ impl ShardState {
         if mask == 0 {
             return;
         }
+        // Stamped after the operation's state changes (see `clock::now`), before the log's.
+        let t = clock::now();
         let log = &mut self.log;
-        log.deltas.reserve(N);
-        let spare = log.deltas.spare_capacity_mut();
-        let (mut m, mut k) = (mask, 0);
+        if log.entries.is_empty() {
+            log.base = t;
+        }
+        let mut offset = t.wrapping_sub(log.base);
+        if offset > u32::MAX as u64 {
+            log.entries.push((0, REBASE));
+            push_delta(&mut log.deltas, t as i64);
+            log.base = t;
+            offset = 0;
+        }
+        log.deltas.reserve(3 * N);
+        let mut m = mask;
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            spare[k].write(now[i] - self.last[i]);
-            k += 1;
+            push_delta(&mut log.deltas, now[i] - self.last[i]);
         }
-        let len = log.deltas.len() + k;
-        // SAFETY: the `k` (≤ N) slots after the length were just written; `reserve(N)` made room.
-        unsafe { log.deltas.set_len(len) };
         self.last = now;
-        log.entries.push((clock::now(), mask));
+        log.entries.push((offset as u32, mask));
     }
 
     /// Closes the log window (under every shard's lock): the log gets the window's net change
@@ -386,23 +428,29 @@ impl Aggregate {
                 track |= 0b11 << (2 * a);
             }
         }
-        // Per shard in `shards`: the stamp of its next entry (u64::MAX when done), and where
-        // that entry and its deltas are.
-        let mut head: Vec<u64> = shards.iter().map(|&i| self.taken[i].entries[0].0).collect();
-        let mut pos = vec![(0usize, 0usize); shards.len()];
+        // Per shard in `shards`: where its next entry and that entry's changes are, its base,
+        // and the entry's stamp (u64::MAX when done).
+        let mut pos: Vec<(usize, usize, u64)> = shards.iter().map(|&i| (0, 0, self.taken[i].base)).collect();
+        let mut head = vec![0u64; shards.len()];
+        for k in 0..shards.len() {
+            head[k] = next_stamp(&self.taken[shards[k]], &mut pos[k]);
+        }
         loop {
             let (k, &t) = head.iter().enumerate().min_by_key(|&(_, t)| *t).expect("a shard");
             if t == u64::MAX {
                 break;
             }
             let log = &self.taken[shards[k]];
-            let (e, d) = pos[k];
+            let (e, mut d, base) = pos[k];
             let mask = log.entries[e].1;
-            let mut m = mask & track;
+            let mut m = mask;
             while m != 0 {
                 let i = m.trailing_zeros() as usize;
                 m &= m - 1;
-                let delta = log.deltas[d + (mask & ((1 << i) - 1)).count_ones() as usize];
+                let delta = read_delta(&log.deltas, &mut d);
+                if track & (1 << i) == 0 {
+                    continue;
+                }
                 self.current[i] += delta;
                 self.peak[i] = self.peak[i].max(self.current[i]);
                 let a = i / 2;
@@ -411,9 +459,24 @@ impl Aggregate {
                     self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
                 }
             }
-            pos[k] = (e + 1, d + mask.count_ones() as usize);
-            head[k] = log.entries.get(e + 1).map_or(u64::MAX, |x| x.0);
+            pos[k] = (e + 1, d, base);
+            head[k] = next_stamp(log, &mut pos[k]);
         }
+    }
+}
+
+/// The stamp of the entry at `pos` (entry, change, base) of `log`, after applying any
+/// [`REBASE`] entries there; `u64::MAX` past the end.
+fn next_stamp(log: &Log, pos: &mut (usize, usize, u64)) -> u64 {
+    loop {
+        let Some(&(offset, mask)) = log.entries.get(pos.0) else {
+            return u64::MAX;
+        };
+        if mask != REBASE {
+            return pos.2 + offset as u64;
+        }
+        pos.2 = read_delta(&log.deltas, &mut pos.1) as u64;
+        pos.0 += 1;
     }
 }
 
@@ -887,5 +950,57 @@ impl ShardedAllocator {
             return Err(format!("merged current values {:?} != shard sums {sum:?}", agg.current));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_round_trip_through_the_compact_log() {
+        let values = [
+            0,
+            1,
+            -1,
+            512,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            i32::MIN as i64 + 1,
+            1 << 40,
+            -(1 << 40),
+            i64::MAX,
+            i64::MIN,
+        ];
+        let mut deltas = Vec::new();
+        for &v in &values {
+            push_delta(&mut deltas, v);
+        }
+        assert_eq!(deltas.len(), values.len() + 2 * 5, "5 values need the escape");
+        let mut at = 0;
+        for &v in &values {
+            assert_eq!(read_delta(&deltas, &mut at), v);
+        }
+        assert_eq!(at, deltas.len());
+    }
+
+    #[test]
+    fn a_rebase_entry_moves_the_stamps_base() {
+        let mut log = Log::default();
+        log.base = 100;
+        log.entries.push((5, 1));
+        push_delta(&mut log.deltas, 7);
+        log.entries.push((0, REBASE));
+        push_delta(&mut log.deltas, 1 << 40);
+        log.entries.push((3, 1));
+        push_delta(&mut log.deltas, -7);
+        let mut pos = (0, 0, log.base);
+        assert_eq!(next_stamp(&log, &mut pos), 105);
+        assert_eq!(read_delta(&log.deltas, &mut pos.1), 7);
+        pos.0 += 1;
+        assert_eq!(next_stamp(&log, &mut pos), (1 << 40) + 3);
+        assert_eq!(read_delta(&log.deltas, &mut pos.1), -7);
+        pos.0 += 1;
+        assert_eq!(next_stamp(&log, &mut pos), u64::MAX);
     }
 }

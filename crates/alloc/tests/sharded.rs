@@ -122,7 +122,11 @@ fn a_replay_of_some_series_keeps_the_totals_exact() {
     );
     let st = many.stats();
     assert_eq!(st.allocated_bytes.0[1].peak, 2 * K as i64, "small pool peak");
-    assert_eq!(st.allocated_bytes.0[0].peak, 9 * K as i64, "device total peak (4.5 MiB)");
+    assert_eq!(
+        st.allocated_bytes.0[0].peak,
+        9 * K as i64,
+        "device total peak (4.5 MiB)"
+    );
     assert_eq!(one.memory_stats(), many.memory_stats());
 }
 
