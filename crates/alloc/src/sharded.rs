@@ -15,13 +15,17 @@
 //!   merge (when a log fills, and before every read of the stats) takes every shard's log with
 //!   every shard locked — one window of time — and, if some series could have passed its peak
 //!   in that window (its value at the start plus every shard's largest rise exceeds the peak),
-//!   replays the logs in timestamp order onto one aggregate, tracking its peaks; otherwise it
-//!   adds the net changes only (the common case in a steady loop). The peaks are those of one
+//!   replays the logs in timestamp order onto one aggregate, tracking the peaks of those
+//!   series; otherwise it adds the net changes only (the common case in a steady loop). The
+//!   replay is where sharding's cost lies: it reads logs that other cores wrote (and those
+//!   cores pay to own the lines again), so logs are compact (about 32 bytes per operation).
+//!   The peaks are those of one
 //!   linear order of all operations, consistent with real time: the timestamp is the CPU's
 //!   invariant time-stamp counter (`rdtscp`, synchronised across cores; used only where the
 //!   kernel's clocksource is `tsc`, i.e. where Linux checked that), otherwise a shared counter
 //!   (same order, but a write every operation shares). No operation writes memory another
-//!   shard's operations touch, so the fast path scales. Until a second shard is used, the one
+//!   shard's operations touch (what merges write sits on cache lines of its own), so the fast
+//!   path scales. Until a second shard is used, the one
 //!   in use *is* the device: its own stats are exact and nothing is logged or stamped (a
 //!   single-stream program pays only the shard lookup); the second shard's first operation
 //!   seeds the aggregate from the first shard's stats, under every lock, and turns logging on.
@@ -986,8 +990,10 @@ mod tests {
 
     #[test]
     fn a_rebase_entry_moves_the_stamps_base() {
-        let mut log = Log::default();
-        log.base = 100;
+        let mut log = Log {
+            base: 100,
+            ..Log::default()
+        };
         log.entries.push((5, 1));
         push_delta(&mut log.deltas, 7);
         log.entries.push((0, REBASE));

@@ -213,7 +213,9 @@ fn main() {
     let (a, b, own) = match (
         Allocator::new(&device),
         Allocator::with_config(&device, "sharded:True", ""),
-        (0..max_threads).map(|_| Allocator::new(&device)).collect::<Result<Vec<_>, _>>(),
+        (0..max_threads)
+            .map(|_| Allocator::new(&device))
+            .collect::<Result<Vec<_>, _>>(),
     ) {
         (Ok(a), Ok(b), Ok(own)) => (a, b, own),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
@@ -316,7 +318,10 @@ fn run(
     for (label, allocs) in [
         ("one allocator lock (default)", &shared[..]),
         ("sharded:True", &sharded_one[..]),
-        ("one default allocator per thread (nothing shared: the machine's ceiling)", own),
+        (
+            "one default allocator per thread (nothing shared: the machine's ceiling)",
+            own,
+        ),
     ] {
         let al = &allocs[0];
         let independent = allocs.len() > 1;

@@ -22,5 +22,9 @@ fn main() {
         let mut e = alloc.lock();
         total += run_once(&p, &mut e, &target, &mut slots, false).0;
     }
-    println!("{} ops per pass, {:.1} ns/op", p.trace_ops, total as f64 / (passes as f64 * p.trace_ops as f64));
+    println!(
+        "{} ops per pass, {:.1} ns/op",
+        p.trace_ops,
+        total as f64 / (passes as f64 * p.trace_ops as f64)
+    );
 }
