@@ -41,6 +41,10 @@ fn main() {
     // `sharded_cost one|solo|logging` runs only that case (for a profiler); no argument runs all.
     let only = std::env::args().nth(1);
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
+    if only.as_deref() == Some("threads") {
+        threads();
+        return;
+    }
     if let Some(case) = only.as_deref() {
         let s = StreamId(7);
         match case {
@@ -75,4 +79,55 @@ fn main() {
         ShardedAllocator::clock_kind(),
         ShardedAllocator::clock_cost_ns()
     );
+}
+
+/// `sharded_cost threads`: 1 and 2 threads on their own streams, each doing cache-hit
+/// alloc+free pairs of 512 B–4 MiB with nothing else live (the criterion `threads` group's
+/// loop), one lock vs sharded; pairs per second of all threads, and the merges behind them.
+fn threads() {
+    const MIX: [u64; 4] = [512, 64 << 10, 1 << 20, 4 << 20];
+    const PER_THREAD: usize = 1_000_000;
+    let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
+    for n in [1usize, 2] {
+        for sharded in [false, true] {
+            let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+            let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+            // Two streams seen, so that one thread logs as it would next to another.
+            sh.free(sh.malloc(512, StreamId(99)).unwrap(), StreamId(99)).unwrap();
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for k in 0..n {
+                    let (one, sh) = (&one, &sh);
+                    s.spawn(move || {
+                        let stream = StreamId(100 + k as u64);
+                        for i in 0..PER_THREAD {
+                            let size = MIX[i % MIX.len()];
+                            if sharded {
+                                let p = sh.malloc(size, stream).unwrap();
+                                sh.free(p, stream).unwrap();
+                            } else {
+                                let p = one.malloc(size, stream).unwrap();
+                                one.free(p).unwrap();
+                            }
+                        }
+                    });
+                }
+            });
+            let rate = (n * PER_THREAD) as f64 / t.elapsed().as_secs_f64();
+            let (merges, replays) = sh.merge_counts();
+            println!(
+                "{n} thread(s), {}: {:.2} M pairs/s{}",
+                if sharded { "sharded" } else { "one lock" },
+                rate / 1e6,
+                if sharded {
+                    format!(
+                        " ({merges} merges, {replays} replaying, {:.1} ms replaying)",
+                        sh.replay_time_ns() as f64 / 1e6
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
 }

@@ -44,6 +44,8 @@ struct Request {
     size: u64,
     stream: StreamId,
     pool: PoolId,
+    /// Device bytes to get on a miss (0 until [`Engine::with_alloc_size`]: a cache hit never
+    /// needs it, and asking the policy costs a call).
     alloc_size: u64,
 }
 
@@ -155,9 +157,10 @@ impl Engine {
             return Err(self.out_of_memory_error(orig_size, orig_size, true));
         }
         self.process_events();
-        let req = self.request(orig_size, stream);
+        let mut req = self.request(orig_size, stream);
         let mut block = self.get_free_block(&req);
         if block.is_none() {
+            req = self.with_alloc_size(req);
             block = self.allocate_new(&req, defer_last_resort)?;
             if block.is_none() && defer_last_resort {
                 return Ok(Attempt::NeedsDeviceRelease);
@@ -172,7 +175,7 @@ impl Engine {
     /// The last step of the ladder for a deferred `try_malloc`: release this engine's cached
     /// blocks and retry (the caller released the other engines' first).
     pub(crate) fn malloc_last_resort(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
-        let req = self.request(orig_size, stream);
+        let req = self.with_alloc_size(self.request(orig_size, stream));
         self.release_cached_blocks()?;
         match self.alloc_block(&req, true)? {
             Some(block) => Ok(self.hand_out(block, &req, orig_size)),
@@ -184,12 +187,19 @@ impl Engine {
     fn request(&self, orig_size: u64, stream: StreamId) -> Request {
         let size = self.policy.round_size(&self.config, orig_size);
         let pool = self.policy.pool_for(&self.config, size);
-        let alloc_size = self.policy.allocation_size(&self.config, size);
         Request {
             size,
             stream,
             pool,
-            alloc_size,
+            alloc_size: 0,
+        }
+    }
+
+    /// The request with the device bytes a miss gets.
+    fn with_alloc_size(&self, req: Request) -> Request {
+        Request {
+            alloc_size: self.policy.allocation_size(&self.config, req.size),
+            ..req
         }
     }
 
@@ -257,7 +267,8 @@ impl Engine {
     /// Best fit on the request's stream (PyTorch `get_free_block`).
     fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
         let gc = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let expandable_on = self.policy.expandable_page_size(&self.config, req.pool).is_some();
+        let policy = &self.policy;
+        let config = &self.config;
         let blocks = &self.blocks;
         let pool = &mut self.pools[req.pool.0 as usize];
         if gc {
@@ -272,7 +283,7 @@ impl Engine {
                     let b = &blocks[id];
                     b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
                 };
-                if expandable_on {
+                if policy.expandable_page_size(config, req.pool).is_some() {
                     // Only a block followed by unmapped space can lose to a later candidate:
                     // candidates ascend in size, so any other block's expandable size (its
                     // size) is at most every later one's. Checking that first skips the peek,
