@@ -274,42 +274,40 @@ impl Engine {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let key = {
-            let mut it = pool.blocks.from_size(req.stream, req.size).peekable();
-            let mut key = it.next()?;
-            if blocks[key.3].expandable {
-                // The size a block can grow to by mapping the unmapped block after it.
-                let expandable_size = |id: BlockId| {
-                    let b = &blocks[id];
-                    b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
-                };
-                if policy.expandable_page_size(config, req.pool).is_some() {
-                    // Only a block followed by unmapped space can lose to a later candidate:
-                    // candidates ascend in size, so any other block's expandable size (its
-                    // size) is at most every later one's. Checking that first skips the peek,
-                    // which costs two more block reads, on almost every call.
-                    while blocks[key.3].expandable && expandable_size(key.3) > key.1 {
-                        match it.peek() {
-                            Some(next) if expandable_size(next.3) < expandable_size(key.3) => {
-                                key = *next;
-                                it.next();
-                            }
-                            _ => break,
-                        }
+        let index = &pool.blocks;
+        let mut pos = index.first_fit(req.stream, req.size)?;
+        let mut key = index.key_at(pos);
+        if blocks[key.3].expandable {
+            // The size a block can grow to by mapping the unmapped block after it.
+            let expandable_size = |id: BlockId| {
+                let b = &blocks[id];
+                b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
+            };
+            if policy.expandable_page_size(config, req.pool).is_some() {
+                // Only a block followed by unmapped space can lose to a later candidate:
+                // candidates ascend in size, so any other block's expandable size (its
+                // size) is at most every later one's. Checking that first skips the look at
+                // the next candidate, which costs two more block reads, on almost every call.
+                while blocks[key.3].expandable && expandable_size(key.3) > key.1 {
+                    let Some(next_pos) = index.next_position(pos) else { break };
+                    let next = index.key_at(next_pos);
+                    if expandable_size(next.3) >= expandable_size(key.3) {
+                        break;
                     }
-                } else {
-                    // Expandable segments were switched off: only plain blocks may serve.
-                    while blocks[key.3].expandable {
-                        key = it.next()?;
-                    }
+                    (pos, key) = (next_pos, next);
+                }
+            } else {
+                // Expandable segments were switched off: only plain blocks may serve.
+                while blocks[key.3].expandable {
+                    pos = index.next_position(pos)?;
+                    key = index.key_at(pos);
                 }
             }
-            key
-        };
-        if !self.policy.accepts_cached(&self.config, req.size, key.1) {
+        }
+        if !policy.accepts_cached(config, req.size, key.1) {
             return None;
         }
-        pool.blocks.remove(&key);
+        pool.blocks.remove_at(pos);
         Some(key.3)
     }
 

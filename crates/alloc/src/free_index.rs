@@ -224,6 +224,23 @@ impl StreamBins {
     fn at(&self, (c, i): (usize, usize)) -> (u64, u64, BlockId) {
         self.classes[c][i]
     }
+
+    #[inline]
+    fn remove_at(&mut self, (c, i): (usize, usize)) {
+        let v = &mut self.classes[c];
+        remove_at(v, i);
+        if v.is_empty() {
+            self.mark(c, false);
+        }
+        self.len -= 1;
+    }
+}
+
+/// Where a free block sits in a [`FreeIndex`]: valid until the index next changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    stream: usize,
+    at: (usize, usize),
 }
 
 /// A pool's free blocks, ordered as `(stream, size, address)`. See the
@@ -264,6 +281,36 @@ impl FreeIndex {
         let removed = b.1.remove(k.1, k.2);
         self.len -= removed as usize;
         removed
+    }
+
+    /// The best fit's position: the first block of `stream` at or after `(size, 0)`.
+    #[inline]
+    pub fn first_fit(&self, stream: StreamId, size: u64) -> Option<Position> {
+        let s = self.streams.iter().position(|(k, _)| *k == stream)?;
+        let at = self.streams[s].1.lower_bound(size, 0)?;
+        Some(Position { stream: s, at })
+    }
+
+    /// The block at a position.
+    #[inline]
+    pub fn key_at(&self, p: Position) -> SizeKey {
+        let (stream, bins) = &self.streams[p.stream];
+        let (sz, a, id) = bins.at(p.at);
+        (*stream, sz, a, id)
+    }
+
+    /// The next block of the same stream in `(size, address)` order.
+    #[inline]
+    pub fn next_position(&self, p: Position) -> Option<Position> {
+        let at = self.streams[p.stream].1.advance(p.at)?;
+        Some(Position { stream: p.stream, at })
+    }
+
+    /// Removes the block at a position (no second search, unlike [`FreeIndex::remove`]).
+    #[inline]
+    pub fn remove_at(&mut self, p: Position) {
+        self.streams[p.stream].1.remove_at(p.at);
+        self.len -= 1;
     }
 
     /// Number of free blocks.
@@ -384,6 +431,23 @@ mod tests {
             while let Some(k) = idx.prev_key(cur) { down.push(k); cur = Some(k); }
             prop_assert_eq!(down, set.iter().rev().copied().collect::<Vec<_>>());
             prop_assert_eq!(idx.max_size(), set.iter().map(|k| k.1).max());
+            // Taking best fits by position removes what the ordered set's range gives.
+            for s in 0..3 {
+                let st = StreamId(s);
+                let want = set.range((st, q * 512, 0, BlockId::MIN)..).find(|k| k.0 == st).copied();
+                let got = idx.first_fit(st, q * 512);
+                prop_assert_eq!(got.map(|p| idx.key_at(p)), want);
+                if let (Some(p), Some(k)) = (got, want) {
+                    if let Some(n) = idx.next_position(p) {
+                        let after = set.range((st, k.1, k.2 + 1, BlockId::MIN)..).find(|x| x.0 == st).copied();
+                        prop_assert_eq!(Some(idx.key_at(n)), after);
+                    }
+                    idx.remove_at(p);
+                    set.remove(&k);
+                    prop_assert_eq!(idx.len(), set.len());
+                    prop_assert_eq!(idx.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>());
+                }
+            }
         }
     }
 }
