@@ -85,7 +85,6 @@ fn main() {
 /// alloc+free pairs of 512 B–4 MiB with nothing else live (the criterion `threads` group's
 /// loop), one lock vs sharded; pairs per second of all threads, and the merges behind them.
 fn threads() {
-    const MIX: [u64; 4] = [512, 64 << 10, 1 << 20, 4 << 20];
     const PER_THREAD: usize = 1_000_000;
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
     for n in [1usize, 2] {
@@ -95,24 +94,7 @@ fn threads() {
             // Two streams seen, so that one thread logs as it would next to another.
             sh.free(sh.malloc(512, StreamId(99)).unwrap(), StreamId(99)).unwrap();
             let t = Instant::now();
-            std::thread::scope(|s| {
-                for k in 0..n {
-                    let (one, sh) = (&one, &sh);
-                    s.spawn(move || {
-                        let stream = StreamId(100 + k as u64);
-                        for i in 0..PER_THREAD {
-                            let size = MIX[i % MIX.len()];
-                            if sharded {
-                                let p = sh.malloc(size, stream).unwrap();
-                                sh.free(p, stream).unwrap();
-                            } else {
-                                let p = one.malloc(size, stream).unwrap();
-                                one.free(p).unwrap();
-                            }
-                        }
-                    });
-                }
-            });
+            cudamem_alloc::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, PER_THREAD);
             let rate = (n * PER_THREAD) as f64 / t.elapsed().as_secs_f64();
             let (merges, replays) = sh.merge_counts();
             println!(

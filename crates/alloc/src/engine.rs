@@ -289,7 +289,9 @@ impl Engine {
                 // size) is at most every later one's. Checking that first skips the look at
                 // the next candidate, which costs two more block reads, on almost every call.
                 while blocks[key.3].expandable && expandable_size(key.3) > key.1 {
-                    let Some(next_pos) = index.next_position(pos) else { break };
+                    let Some(next_pos) = index.next_position(pos) else {
+                        break;
+                    };
                     let next = index.key_at(next_pos);
                     if expandable_size(next.3) >= expandable_size(key.3) {
                         break;

@@ -41,6 +41,8 @@ pub mod sharded;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
+#[doc(hidden)]
+pub mod workload;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use cudamem_alloc::workload::pairs_on_own_streams;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator, ShardedAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
@@ -111,7 +112,6 @@ fn history(c: &mut Criterion) {
 /// Pairs of mixed sizes from `threads` threads, each on its own stream, through one lock or
 /// through shards; criterion times `iters` pairs of all threads together.
 fn threads(c: &mut Criterion) {
-    const MIX: [u64; 4] = [512, 64 << 10, 1 << 20, 4 << 20];
     let mut g = c.benchmark_group("threads");
     for n in [1usize, 2] {
         for sharded in [false, true] {
@@ -123,24 +123,7 @@ fn threads(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let per = (iters as usize).div_ceil(n);
                     let start = std::time::Instant::now();
-                    std::thread::scope(|s| {
-                        for t in 0..n {
-                            let (one, sh) = (&one, &sh);
-                            s.spawn(move || {
-                                let stream = StreamId(100 + t as u64);
-                                for i in 0..per {
-                                    let size = MIX[i % MIX.len()];
-                                    if sharded {
-                                        let p = sh.malloc(size, stream).unwrap();
-                                        sh.free(p, stream).unwrap();
-                                    } else {
-                                        let p = one.malloc(size, stream).unwrap();
-                                        one.free(p).unwrap();
-                                    }
-                                }
-                            });
-                        }
-                    });
+                    pairs_on_own_streams(&one, sharded.then_some(&sh), n, per);
                     start.elapsed()
                 })
             });
