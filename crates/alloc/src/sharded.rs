@@ -447,7 +447,12 @@ impl Aggregate {
             let log = &self.taken[shards[k]];
             let (e, mut d, base) = pos[k];
             let mask = log.entries[e].1;
+            // Every change of the operation first, then the totals: an operation's end values
+            // are its highest point (see the note above `impl ShardState`), but a total built
+            // halfway — one pool moved, the other not yet — is a value that never existed
+            // (e.g. the out-of-memory path frees a large segment and maps a small one).
             let mut m = mask;
+            let mut arrays = 0u32; // bit a: array a's small or large value moved
             while m != 0 {
                 let i = m.trailing_zeros() as usize;
                 m &= m - 1;
@@ -457,11 +462,16 @@ impl Aggregate {
                 }
                 self.current[i] += delta;
                 self.peak[i] = self.peak[i].max(self.current[i]);
-                let a = i / 2;
-                if i < 18 && may & (1 << (N + a)) != 0 {
-                    self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
-                    self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
+                if i < 18 {
+                    arrays |= 1 << (i / 2);
                 }
+            }
+            let mut a_bits = arrays & (may >> N) as u32;
+            while a_bits != 0 {
+                let a = a_bits.trailing_zeros() as usize;
+                a_bits &= a_bits - 1;
+                self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
+                self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
             }
             pos[k] = (e + 1, d, base);
             head[k] = next_stamp(log, &mut pos[k]);
@@ -742,7 +752,10 @@ impl ShardedAllocator {
     ) -> Result<(DevicePtr, Option<usize>), AllocError> {
         let mut all: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
         for (j, st) in all.iter_mut().enumerate() {
-            if j != i && st.engine.total_allocated_memory() > 0 {
+            // Any segment, even one with no pages mapped (an expandable segment's reserved
+            // address range): the single engine's release frees those too, and skipping them
+            // here left the device's address space different (found by the property test).
+            if j != i && st.engine.segments.iter().next().is_some() {
                 st.engine.empty_cache()?;
                 // Shard i's release below counts the device's one synchronisation.
                 st.engine.stats.num_sync_all_streams -= 1;
