@@ -152,18 +152,7 @@ fn currents(s: &DeviceStats) -> [i64; N] {
 /// `all` — as (current, peak).
 fn series(s: &DeviceStats) -> ([i64; S], [i64; S]) {
     let (mut cur, mut high) = ([0i64; S], [0i64; S]);
-    let arrays = [
-        &s.active,
-        &s.active_bytes,
-        &s.allocated_bytes,
-        &s.allocation,
-        &s.inactive_split,
-        &s.inactive_split_bytes,
-        &s.requested_bytes,
-        &s.reserved_bytes,
-        &s.segment,
-    ];
-    for (a, arr) in arrays.into_iter().enumerate() {
+    for (a, (_, arr)) in s.arrays().into_iter().enumerate() {
         for (k, series) in [(1, 2 * a), (2, 2 * a + 1), (0, N + a)] {
             cur[series] = arr.0[k].current;
             high[series] = arr.0[k].peak;
@@ -174,21 +163,6 @@ fn series(s: &DeviceStats) -> ([i64; S], [i64; S]) {
         high[series] = st.peak;
     }
     (cur, high)
-}
-
-/// The stat arrays of a stats record, in the order of [`currents`].
-fn arrays_mut(s: &mut DeviceStats) -> [&mut crate::stats::StatArray; 9] {
-    [
-        &mut s.active,
-        &mut s.active_bytes,
-        &mut s.allocated_bytes,
-        &mut s.allocation,
-        &mut s.inactive_split,
-        &mut s.inactive_split_bytes,
-        &mut s.requested_bytes,
-        &mut s.reserved_bytes,
-        &mut s.segment,
-    ]
 }
 
 /// Series whose peaks are tracked: the [`N`] per-pool values, then the 9 arrays' `all`.
@@ -676,7 +650,7 @@ impl ShardedAllocator {
             solo => {
                 let mut s = shards[solo as usize].engine.stats;
                 agg.current[..N].copy_from_slice(&currents(&s));
-                for (a, arr) in arrays_mut(&mut s).into_iter().enumerate() {
+                for (a, arr) in s.arrays_mut().into_iter().enumerate() {
                     agg.current[N + a] = arr.0[0].current;
                     agg.peak[2 * a] = arr.0[1].peak;
                     agg.peak[2 * a + 1] = arr.0[2].peak;
@@ -882,7 +856,7 @@ impl ShardedAllocator {
                 o.freed += x.freed;
             };
             let mut src = *s;
-            for (o, x) in arrays_mut(&mut out).into_iter().zip(arrays_mut(&mut src)) {
+            for (o, x) in out.arrays_mut().into_iter().zip(src.arrays_mut()) {
                 for k in 0..3 {
                     add(&mut o.0[k], &x.0[k]);
                 }
@@ -896,7 +870,7 @@ impl ShardedAllocator {
             out.num_device_free += s.num_device_free;
         }
         if mode == MULTI {
-            for (a, arr) in arrays_mut(&mut out).into_iter().enumerate() {
+            for (a, arr) in out.arrays_mut().into_iter().enumerate() {
                 arr.0[1].peak = agg.peak[2 * a];
                 arr.0[2].peak = agg.peak[2 * a + 1];
                 arr.0[0].peak = agg.peak[N + a];
@@ -905,7 +879,7 @@ impl ShardedAllocator {
             out.oversize_segments.peak = agg.peak[19];
         } else if mode != EMPTY {
             let mut solo = shards[mode as usize].engine.stats;
-            for (o, x) in arrays_mut(&mut out).into_iter().zip(arrays_mut(&mut solo)) {
+            for (o, x) in out.arrays_mut().into_iter().zip(solo.arrays_mut()) {
                 for k in 0..3 {
                     o.0[k].peak = x.0[k].peak;
                 }
@@ -973,6 +947,18 @@ impl ShardedAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_written_out_values_follow_the_stats_arrays_order() {
+        let mut st = DeviceStats::new(0);
+        for (k, arr) in st.arrays_mut().into_iter().enumerate() {
+            arr.increase(true, 1 + 2 * k as u64);
+            arr.increase(false, 100 + k as u64);
+        }
+        st.oversize_allocations.increase(7);
+        st.oversize_segments.increase(9);
+        assert_eq!(currents(&st)[..], series(&st).0[..N]);
+    }
 
     #[test]
     fn changes_round_trip_through_the_compact_log() {

@@ -171,7 +171,9 @@ impl DeviceStats {
         }
     }
 
-    fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+    /// The nine stat arrays with their `memory_stats()` names, in one fixed order (the sharded
+    /// allocator's series follow it).
+    pub(crate) fn arrays(&self) -> [(&'static str, &StatArray); 9] {
         [
             ("active", &self.active),
             ("active_bytes", &self.active_bytes),
@@ -185,7 +187,8 @@ impl DeviceStats {
         ]
     }
 
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+    /// The same arrays, mutable, in the same order.
+    pub(crate) fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
         [
             &mut self.active,
             &mut self.active_bytes,
