@@ -9,33 +9,43 @@
 //!
 //! What crosses streams, and how it stays exact:
 //! * **Statistics.** Counts and totals (`allocated`, `freed`, `num_*`) are sums over shards.
-//!   Peaks are not: the peak of a sum is not the sum of peaks. After each operation a shard
-//!   appends to its own log the change of the 20 "current" values (9 stat arrays × small/large
-//!   pool, plus the two oversize counters) with a timestamp taken under the shard's lock. A
-//!   merge (when a log fills, and before every read of the stats) takes every shard's log with
-//!   every shard locked — one window of time — and, if some series could have passed its peak
-//!   in that window (its value at the start plus every shard's largest rise exceeds the peak),
-//!   replays the logs in timestamp order onto one aggregate, tracking the peaks of those
-//!   series; otherwise it adds the net changes only (the common case in a steady loop). The
-//!   replay is where sharding's cost lies: it reads logs that other cores wrote (and those
-//!   cores pay to own the lines again), so logs are compact (about 32 bytes per operation).
-//!   The peaks are those of one
-//!   linear order of all operations, consistent with real time: the timestamp is the CPU's
-//!   invariant time-stamp counter (`rdtscp`, synchronised across cores; used only where the
-//!   kernel's clocksource is `tsc`, i.e. where Linux checked that), otherwise a shared counter
-//!   (same order, but a write every operation shares). No operation writes memory another
-//!   shard's operations touch (what merges write sits on cache lines of its own), so the fast
-//!   path scales. Until a second shard is used, the one
-//!   in use *is* the device: its own stats are exact and nothing is logged or stamped (a
-//!   single-stream program pays only the shard lookup); the second shard's first operation
-//!   seeds the aggregate from the first shard's stats, under every lock, and turns logging on.
+//!   Peaks are not: the peak of a sum is not the sum of peaks. They stay exact in two regimes:
+//!   - **Bounded** (the steady state). Each shard has a *ceiling* per tracked value (the 20
+//!     "current" values — 9 stat arrays × small/large pool, plus the two oversize counters —
+//!     and the 9 arrays' `all`), and the ceilings of all shards sum to at most the device's
+//!     peak: while every shard stays under its ceilings, no new peak can happen, so nothing is
+//!     logged or stamped. An operation costs one engine operation, 29 comparisons and one read
+//!     of a flag that nobody writes. Ceilings are set at every merge (see `settle`): the
+//!     headroom between peak and current total goes first to the shards that rose in the last
+//!     window, by how much they rose — a training loop that repeats its iteration stays here.
+//!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on, every shard
+//!     appends to its own log the change of each tracked value after each operation, with a
+//!     timestamp taken under the shard's lock (why that order is exact: at
+//!     `ShardState::record`). A merge (when a log fills, and before every read of the stats)
+//!     takes every shard's log with every shard locked — one window of time — and, if some
+//!     series could have passed its peak in that window (its value where the logs start plus
+//!     every shard's largest rise exceeds the peak), replays the logs in timestamp order onto
+//!     one aggregate, tracking the peaks of those series; otherwise it adds the net changes
+//!     only. Then every shard is bounded again. The replay reads logs that other cores wrote
+//!     (and those cores pay to own the lines again), so logs are compact (about 32 bytes per
+//!     operation).
+//!
+//!   The peaks are those of one linear order of all operations, consistent with real time:
+//!   the timestamp is the CPU's invariant time-stamp counter (`rdtscp`, synchronised across
+//!   cores; used only where the kernel's clocksource is `tsc`, i.e. where Linux checked that),
+//!   otherwise a shared counter (same order, but a write every logged operation shares). No
+//!   operation writes memory another shard's operations touch (what merges write sits on cache
+//!   lines of its own), so the fast path scales. Until a second shard is used, the one in use
+//!   *is* the device: its own stats are exact and nothing is checked (a single-stream program
+//!   pays only the shard lookup); the second shard's first operation seeds the aggregate from
+//!   the first shard's stats, under every lock, and bounds every shard.
 //! * **Out of memory.** PyTorch's last resort frees every cached block of the device, including
 //!   other streams'. A shard whose own ladder fails releases its lock, takes every shard's lock
 //!   in index order, empties the other shards' caches, then runs the last step itself (release
 //!   its own cache, retry) — the same steps and counters as the single engine; the error, if it
 //!   still fails, reports the device's totals.
 //! * **Locks.** An operation holds its shard's lock only. Whoever needs several (a merge, a
-//!   stats read, the out-of-memory path, the switch to logging) takes the aggregate's lock, if
+//!   stats read, the out-of-memory path, the second shard's start) takes the aggregate's lock, if
 //!   at all, first, and then shards in index order, while holding no shard lock: no cycle.
 //! * **Which shard.** A stream is given a shard the first time it is seen (round robin, so the
 //!   first [`SHARDS`] streams never share one) and keeps it; the table is read without locks.
@@ -53,7 +63,7 @@
 //! history and snapshots — each needs one device-wide view per operation, which is what
 //! sharding removes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudamem_device::{Device, DevicePtr, StreamId};
@@ -188,7 +198,10 @@ struct Log {
     deltas: Vec<i32>,
     /// The stamp the entries' offsets count from (that of the window's first entry).
     base: u64,
-    /// Per series: the net change over the window (set when it closes).
+    /// Per series: the shard's value where its entries start (set when the window closes) —
+    /// the window's start, or the moment the shard began logging within it.
+    start: [i64; S],
+    /// Per series: the net change over the entries (set when the window closes).
     net: [i64; S],
     /// Per series: the largest rise over the window above its start value, ≥ 0 (set when it
     /// closes; it may count a value reached inside an operation, so it bounds the rise of the
@@ -202,6 +215,7 @@ impl Default for Log {
             entries: Vec::new(),
             deltas: Vec::new(),
             base: 0,
+            start: [0; S],
             net: [0; S],
             rise: [0; S],
         }
@@ -243,34 +257,82 @@ impl Log {
     }
 }
 
+/// How a shard's operations reach the device's peaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tracking {
+    /// The shard is the only one used so far: it is the device, its own stats are exact.
+    Solo,
+    /// Nothing is logged while every tracked value of the shard stays at or below its
+    /// ceiling: the ceilings of all shards sum to at most the device's peaks, so no operation
+    /// can make a new peak.
+    Bounded,
+    /// Every operation that changes a tracked value is logged with its timestamp.
+    Logged,
+}
+
 /// One shard: an engine and the log of its operations.
 #[derive(Debug)]
 struct ShardState {
     engine: Engine,
     log: Log,
-    /// The tracked values as of the last logged operation.
+    /// The tracked values after the last operation (`Bounded`, `Logged`).
     last: [i64; N],
-    /// Every series' value when the current log window began.
+    /// Every series' value where the log window began (or, after the window closed, where
+    /// the next one begins).
     start: [i64; S],
-    /// Whether operations are logged: from the moment a second shard is used. Until then the
-    /// one shard in use is the device and its own stats are exact (no clock, no log).
-    logging: bool,
+    tracking: Tracking,
+    /// While `Bounded`: per series, the highest value the shard may reach unlogged.
+    ceiling: [i64; S],
+    /// Per series: how far the shard rose above its value at the end of the last window
+    /// (set when a window closes; what [`settle`] shares the headroom by).
+    demand: [i64; S],
 }
 
 // Within one operation every series first falls (events processed, caches released, pages
 // reclaimed) and then rises (the new block), never the other way round; so an operation's
 // highest point is its start or its end, and only end values are logged and checked for peaks.
 
+/// The [`S`] series of [`N`] per-pool values (each `all` is small + large).
+#[inline]
+fn series_of(v: &[i64; N]) -> [i64; S] {
+    let mut out = [0i64; S];
+    out[..N].copy_from_slice(v);
+    for a in 0..9 {
+        out[N + a] = v[2 * a] + v[2 * a + 1];
+    }
+    out
+}
+
 impl ShardState {
-    /// Logs what the operation just done changed. Call under the shard's lock, after every
-    /// operation that may change stats. (On the hot path of every sharded operation: find the
-    /// changed values without branches, then visit only those.)
+    /// Notes what the operation just done changed. Call under the shard's lock, after every
+    /// operation that may change stats. On the hot path of every sharded operation:
+    /// * `Bounded` (the steady state): compare the values with the ceilings; if all are below
+    ///   and no shard has raised `alarm`, that is all.
+    /// * Otherwise the shard logs, starting with this operation — and raises `alarm` if it
+    ///   passed a ceiling, so that every shard logs from its next operation on.
+    ///
+    /// Why that is exact: an unlogged operation read `alarm` clear after its changes, so it
+    /// precedes (in the one order of all atomic operations) the first store of `alarm`; put
+    /// it there in the order of operations. Up to that store every shard was within its
+    /// ceilings, so no peak was passed; from it on every operation is logged, stamped after
+    /// its own read (or store) of `alarm`, and each shard's log starts from its values at that
+    /// moment (those before its first logged operation). A merge replays from there.
     #[inline]
-    fn record(&mut self) {
-        if !self.logging {
-            return;
-        }
-        let now = currents(&self.engine.stats);
+    fn record(&mut self, alarm: &AtomicBool) {
+        let now = match self.tracking {
+            Tracking::Solo => return,
+            Tracking::Bounded => {
+                let now = currents(&self.engine.stats);
+                let over = self.exceeds(&now);
+                if !over && !alarm.load(Ordering::SeqCst) {
+                    self.last = now;
+                    return;
+                }
+                self.start_logging(over, alarm);
+                now
+            }
+            Tracking::Logged => currents(&self.engine.stats),
+        };
         let mask = now
             .iter()
             .zip(&self.last)
@@ -303,24 +365,99 @@ impl ShardState {
         log.entries.push((offset as u32, mask));
     }
 
-    /// Closes the log window (under every shard's lock): the log gets the window's net change
-    /// and largest rise per series from the engine's stats, and the next window starts from
-    /// here, with the engine's peaks back at the current values.
-    fn close_window(&mut self) {
-        if self.log.entries.is_empty() {
-            // Nothing changed: net and rise stay 0 (a taken log comes back cleared), and the
-            // peaks still equal the start values. Most shards of a merge are idle: skipping
-            // them keeps the time every shard is locked short.
-            return;
+    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling.
+    #[inline]
+    fn exceeds(&self, now: &[i64; N]) -> bool {
+        let c = &self.ceiling;
+        let mut over = false;
+        for i in 0..N {
+            over |= now[i] > c[i];
         }
+        for a in 0..9 {
+            over |= now[2 * a] + now[2 * a + 1] > c[N + a];
+        }
+        over
+    }
+
+    /// `Bounded` → `Logged`, before the operation just done: raise `alarm` (with a full
+    /// barrier, before the operation's stamp) if this shard passed a ceiling; the shard's log
+    /// starts from its values before the operation.
+    #[cold]
+    fn start_logging(&mut self, over: bool, alarm: &AtomicBool) {
+        if over {
+            alarm.store(true, Ordering::SeqCst);
+        }
+        self.start = series_of(&self.last);
+        // Rises are counted from here: the operation's end value is its highest point.
+        self.engine.stats.reset_peak();
+        self.tracking = Tracking::Logged;
+    }
+
+    /// Closes the log window (under every shard's lock): the log gets the shard's values where
+    /// its entries start, and their net change and largest rise per series; the shard's
+    /// `demand` is its rise above where it ends; the next window starts from here, with the
+    /// engine's peaks back at the current values.
+    fn close_window(&mut self) {
         let (now, high) = series(&self.engine.stats);
+        if self.tracking == Tracking::Logged && !self.log.entries.is_empty() {
+            self.log.start = self.start;
+            for k in 0..S {
+                self.log.net[k] = now[k] - self.start[k];
+                // A shard that began logging inside the window counts its rise from there
+                // (its peaks were reset then); `max` because its start may be the higher.
+                self.log.rise[k] = (high[k] - self.start[k]).max(0);
+            }
+        } else {
+            // Nothing logged (net and rise stay 0: a taken log comes back cleared): whatever
+            // the shard did unlogged stayed under its ceilings, and its values now are those
+            // it had when the first shard began logging, if one did.
+            self.log.start = now;
+        }
         for k in 0..S {
-            self.log.net[k] = now[k] - self.start[k];
-            self.log.rise[k] = high[k] - self.start[k];
+            self.demand[k] = (high[k] - now[k]).max(0);
         }
         self.start = now;
         self.engine.stats.reset_peak();
     }
+}
+
+/// Every shard (all locked, windows just closed) becomes `Bounded`: per series, the headroom
+/// between the device's peak and its current total is shared among the shards — first what
+/// each rose by in the last window (`demand`), then the rest evenly; if the headroom is short,
+/// in proportion to demand. The ceilings sum to at most the peak, which is what makes unlogged
+/// operations exact (see [`ShardState::record`]). `peak` may be older than the shards' values
+/// (a merge replays the window after the shards run again): a total above it is a value the
+/// device had, so the peak is at least that.
+fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &AtomicBool) {
+    let n = shards.len() as i64;
+    for (k, &peak) in peak.iter().enumerate() {
+        let total: i64 = shards.iter().map(|s| s.start[k]).sum();
+        let want: i64 = shards.iter().map(|s| s.demand[k]).sum();
+        let slack = peak.max(total) - total;
+        let wanting = shards.iter().filter(|s| s.demand[k] > 0).count() as i64;
+        for st in shards.iter_mut() {
+            let d = st.demand[k];
+            let share = if want <= slack {
+                let rest = slack - want;
+                d + if wanting == 0 {
+                    rest / n
+                } else if d > 0 {
+                    rest / wanting
+                } else {
+                    0
+                }
+            } else {
+                (d as i128 * slack as i128 / want as i128) as i64
+            };
+            st.ceiling[k] = st.start[k] + share;
+        }
+    }
+    for st in shards.iter_mut() {
+        let st: &mut ShardState = st;
+        st.last.copy_from_slice(&st.start[..N]);
+        st.tracking = Tracking::Bounded;
+    }
+    alarm.store(false, Ordering::SeqCst);
 }
 
 /// A value on cache lines of its own (128 bytes: adjacent-line prefetch pairs 64-byte lines).
@@ -357,11 +494,19 @@ struct Aggregate {
 }
 
 impl Aggregate {
-    /// Merges the logs in `taken`, which hold every operation of one window of time (they were
-    /// taken with every shard locked): if no series can have passed its peak — its value at the
-    /// window's start plus every shard's largest rise is at most the peak — only the net
-    /// changes are added; otherwise the operations are replayed in timestamp order.
+    /// Merges the logs in `taken`, which hold every logged operation of one window of time
+    /// (they were taken with every shard locked): if no series can have passed its peak — its
+    /// value where the logs start plus every shard's largest rise is at most the peak — only
+    /// the net changes are added; otherwise the operations are replayed in timestamp order.
     fn merge_taken(&mut self) {
+        // Where the replay starts: every shard's value where its entries start — the moment
+        // the first shard began logging (see `ShardState::record`).
+        self.current = [0; S];
+        for l in &self.taken {
+            for s in 0..S {
+                self.current[s] += l.start[s];
+            }
+        }
         // Series that may have passed their peak in the window, as bits of [0, S).
         let mut may = 0u64;
         for s in 0..S {
@@ -413,8 +558,7 @@ impl Aggregate {
         for k in 0..shards.len() {
             head[k] = next_stamp(&self.taken[shards[k]], &mut pos[k]);
         }
-        loop {
-            let (k, &t) = head.iter().enumerate().min_by_key(|&(_, t)| *t).expect("a shard");
+        while let Some((k, &t)) = head.iter().enumerate().min_by_key(|&(_, t)| *t) {
             if t == u64::MAX {
                 break;
             }
@@ -480,6 +624,9 @@ pub struct ShardedAllocator {
     aggregate: Padded<Mutex<Aggregate>>,
     /// [`EMPTY`], [`MULTI`], or the one shard used so far.
     mode: AtomicU64,
+    /// Raised by a `Bounded` shard that passed a ceiling: every shard logs from its next
+    /// operation on, until the next merge settles them again (see [`ShardState::record`]).
+    alarm: AtomicBool,
     device: Arc<dyn Device>,
     policy: String,
 }
@@ -513,7 +660,9 @@ impl ShardedAllocator {
                 log: Log::default(),
                 last: [0; N],
                 start: [0; S],
-                logging: false,
+                tracking: Tracking::Solo,
+                ceiling: [0; S],
+                demand: [0; S],
             })));
         }
         Ok(ShardedAllocator {
@@ -529,6 +678,7 @@ impl ShardedAllocator {
                 replay_ns: 0,
             })),
             mode: AtomicU64::new(EMPTY),
+            alarm: AtomicBool::new(false),
             device,
             policy: policy.to_string(),
         })
@@ -602,8 +752,8 @@ impl ShardedAllocator {
     }
 
     /// Takes every shard's log — with every shard locked, in index order, so that the logs
-    /// hold exactly the operations of one window of time — then merges them with the shards
-    /// running again.
+    /// hold exactly the operations of one window of time — settles the shards again, then
+    /// merges the logs with the shards running again.
     fn merge(&self, agg: &mut Aggregate) {
         {
             let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
@@ -611,6 +761,7 @@ impl ShardedAllocator {
                 st.close_window();
                 std::mem::swap(&mut agg.taken[i], &mut st.log);
             }
+            settle(&agg.peak, &mut shards, &self.alarm);
         }
         agg.merge_taken();
     }
@@ -628,7 +779,7 @@ impl ShardedAllocator {
     }
 
     /// Before an operation on shard `i` (holding no lock): makes sure the mode is "only shard
-    /// `i` so far" or "several" — so that, under the shard's lock, `logging` is right.
+    /// `i` so far" or "several" — so that, under the shard's lock, `tracking` is right.
     #[inline]
     fn enter(&self, i: usize) {
         let m = self.mode.load(Ordering::Acquire);
@@ -638,8 +789,8 @@ impl ShardedAllocator {
     }
 
     /// The first operation of a shard: the first one of the device makes it the only one; a
-    /// second one starts the logs, seeding the aggregate with the first shard's own stats
-    /// (exact, since it was the device until now). Holds every lock meanwhile.
+    /// second one seeds the aggregate with the first shard's own stats (exact, since it was the
+    /// device until now) and settles every shard. Holds every lock meanwhile.
     #[cold]
     fn switch_mode(&self, i: usize) {
         let mut agg = lock(&self.aggregate);
@@ -659,11 +810,9 @@ impl ShardedAllocator {
                 agg.peak[18] = s.oversize_allocations.peak;
                 agg.peak[19] = s.oversize_segments.peak;
                 for st in shards.iter_mut() {
-                    st.last = currents(&st.engine.stats);
-                    st.start = series(&st.engine.stats).0;
-                    st.engine.stats.reset_peak();
-                    st.logging = true;
+                    st.close_window();
                 }
+                settle(&agg.peak, &mut shards, &self.alarm);
                 self.mode.store(MULTI, Ordering::Release);
             }
         }
@@ -682,6 +831,7 @@ impl ShardedAllocator {
                 std::mem::swap(&mut agg.taken[i], &mut st.log);
             }
             agg.merge_taken();
+            settle(&agg.peak, &mut shards, &self.alarm);
         }
         (agg, shards, mode)
     }
@@ -702,7 +852,7 @@ impl ShardedAllocator {
         let mut st = self.shard(i);
         let before = st.engine.stats.allocation.all().current;
         let r = st.engine.try_malloc(size, stream, true);
-        st.record();
+        st.record(&self.alarm);
         let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         let len = st.log.entries.len();
         drop(st);
@@ -733,13 +883,13 @@ impl ShardedAllocator {
                 st.engine.empty_cache()?;
                 // Shard i's release below counts the device's one synchronisation.
                 st.engine.stats.num_sync_all_streams -= 1;
-                st.record();
+                st.record(&self.alarm);
             }
         }
         let st = &mut all[i];
         let before = st.engine.stats.allocation.all().current;
         let r = st.engine.malloc_last_resort(size, stream);
-        st.record();
+        st.record(&self.alarm);
         let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         match r {
             Err(e) if e.is_out_of_memory() => Err(self.device_wide_oom(&all, e)),
@@ -783,7 +933,7 @@ impl ShardedAllocator {
         let mut st = self.shard(i);
         match st.engine.free(ptr) {
             Ok(()) => {
-                st.record();
+                st.record(&self.alarm);
                 let last = (st.engine.stats.allocation.all().current == 0).then_some(i);
                 let len = st.log.entries.len();
                 drop(st);
@@ -813,7 +963,7 @@ impl ShardedAllocator {
             let mut st = self.shard(i);
             if st.engine.allocated.contains_key(&ptr) {
                 st.engine.free(ptr)?;
-                st.record();
+                st.record(&self.alarm);
                 return Ok((st.engine.stats.allocation.all().current == 0).then_some(i));
             }
         }
@@ -837,7 +987,7 @@ impl ShardedAllocator {
                 // One device-wide synchronisation, as the single engine counts it.
                 st.engine.stats.num_sync_all_streams -= 1;
             }
-            st.record();
+            st.record(&self.alarm);
         }
         Ok(())
     }
@@ -904,7 +1054,10 @@ impl ShardedAllocator {
     pub fn reset_peak_memory_stats(&self) {
         let (mut agg, mut shards, mode) = self.snapshot();
         agg.peak = agg.current;
-        if mode != MULTI && mode != EMPTY {
+        if mode == MULTI {
+            // The ceilings shared the old peaks' headroom: share none.
+            settle(&agg.peak, &mut shards, &self.alarm);
+        } else if mode != EMPTY {
             shards[mode as usize].engine.stats.reset_peak();
         }
     }

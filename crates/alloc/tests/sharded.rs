@@ -269,3 +269,82 @@ fn threads_on_their_own_streams() {
     );
     assert!(s.active_bytes.all().peak >= s.allocated_bytes.all().peak);
 }
+
+/// Eight threads in lock-step rounds: each allocates its size of the round, all wait, each
+/// frees, all wait. The device's true peak is the largest round's total, reached while all
+/// waited — so a peak missed while shards ran unlogged under their ceilings reads low, and a
+/// wrong order of logged operations reads high. Round totals rise and fall, and the thread
+/// with the largest share changes, so shards pass their ceilings (and raise the alarm) many
+/// times, while stats are read (settling the shards again) only now and then.
+#[test]
+fn lock_step_rounds_give_the_exact_peak() {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 300;
+    // Size of thread t in round r: multiples of 512 (no rounding); even threads in the small
+    // pool, odd ones in the large. Every thread's part of a round's total stays well below the
+    // total: a new peak is made by all together, not by one shard alone above it.
+    let size = |r: usize, t: usize| -> u64 {
+        let mut x = (r as u64 * 31 + t as u64 * 7 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 29;
+        let pool = if t % 2 == 1 { 1 << 20 } else { 0 };
+        // A slow rise over the rounds (new peaks keep coming), led by a different thread each.
+        pool + 512 * (1 + x % 64) + 2048 * (r as u64 % 97) * (1 + (t == r % THREADS) as u64)
+    };
+    let many = Arc::new(ShardedAllocator::new(sim(64 << 30), AllocatorConfig::default(), "pytorch").unwrap());
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let hs: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (m, b) = (many.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let stream = StreamId(10 + t as u64);
+                // Thread 0 reads the peak now and then (settling the shards again): (round, peak).
+                let mut seen = Vec::new();
+                // Cache a segment per pool first, so that rounds rarely need new ones (reserved
+                // bytes are always at their peak: a new segment passes a ceiling, and logs).
+                let warm = [
+                    m.malloc((1 << 20) - 512, stream).unwrap(),
+                    m.malloc(16 << 20, stream).unwrap(),
+                ];
+                for p in warm {
+                    m.free(p, stream).unwrap();
+                }
+                b.wait();
+                if t == 0 {
+                    m.reset_peak_memory_stats(); // the rounds' peaks only
+                }
+                b.wait();
+                for r in 0..ROUNDS {
+                    let p = m.malloc(size(r, t), stream).unwrap();
+                    b.wait();
+                    if t == 0 && r % 50 == 7 {
+                        // At the round's total: no headroom to share.
+                        seen.push((r, m.stats().allocated_bytes.all().peak));
+                    }
+                    b.wait();
+                    m.free(p, stream).unwrap();
+                    b.wait();
+                    if t == 0 && r % 50 == 32 {
+                        // Nothing held: much headroom to share.
+                        seen.push((r, m.stats().allocated_bytes.all().peak));
+                    }
+                    b.wait();
+                }
+                seen
+            })
+        })
+        .collect();
+    let seen: Vec<_> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let total = |r: usize| (0..THREADS).map(|t| size(r, t) as i64).sum::<i64>();
+    for &(r, peak) in &seen {
+        assert_eq!(peak, (0..=r).map(total).max().unwrap(), "peak read after round {r}");
+    }
+    let want = (0..ROUNDS).map(total).max().unwrap();
+    let s = many.stats();
+    assert_eq!(s.allocated_bytes.all().peak, want, "allocated bytes peak");
+    assert_eq!(s.requested_bytes.all().peak, want, "requested bytes peak");
+    assert_eq!(s.allocation.all().peak, THREADS as i64, "allocations peak");
+    assert_eq!(s.allocated_bytes.all().current, 0);
+    many.check_invariants().unwrap();
+    let (merges, replays) = many.merge_counts();
+    assert!(replays > 0, "the rising totals were replayed ({merges} merges)");
+}
