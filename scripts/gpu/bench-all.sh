@@ -3,7 +3,8 @@
 # in gpu-out/ (carry gpu-out): the machine (lscpu, nvidia-smi), then
 #   gpu_bench   x RUNS  cache-hit pair latency through the CUDA device beside cuMemAlloc/
 #                       cuMemAllocAsync, and 1/2/4/8-thread throughput, one lock and sharded
-#   sharded_cost x RUNS one thread: one lock / sharded on one stream / sharded and logging
+#   sharded_cost x RUNS one thread: one lock / sharded on one stream / sharded, two streams
+#                       seen; then `threads`: 1-8 threads of immediate alloc+free pairs
 #   replay_gpu          every shared trace on the simulated device and cuda:0, warm ns per op
 # Outputs go to $OUT (or gpu-out/bench) as one file per run; a summary of the threads rows ends
 # the output. RUNS defaults to 3: these virtual machines vary a lot from minute to minute.
@@ -15,7 +16,7 @@ mkdir -p "$out"
 { lscpu | head -20; nvidia-smi -L; } >"$out/machine.txt" 2>&1
 for i in $(seq 1 "$runs"); do
     gpu-out/cudamem/gpu_bench --device cuda:0 >"$out/gpu_bench-$i.txt" 2>&1
-    gpu-out/cudamem/sharded_cost >"$out/sharded_cost-$i.txt" 2>&1
+    { gpu-out/cudamem/sharded_cost; gpu-out/cudamem/sharded_cost threads; } >"$out/sharded_cost-$i.txt" 2>&1
 done
 gpu-out/replay/replay_gpu >"$out/replay_gpu.txt" 2>&1
 for i in $(seq 1 "$runs"); do
@@ -23,7 +24,8 @@ for i in $(seq 1 "$runs"); do
     grep -E "^\| (512 B|64 MiB) \|" "$out/gpu_bench-$i.txt" | head -2
     grep -A7 "throughput, sharded" "$out/gpu_bench-$i.txt" | grep -E "^\| [18] \|"
     grep "merges" "$out/gpu_bench-$i.txt"
-    tail -3 "$out/sharded_cost-$i.txt"
+    grep -A3 "single lock" "$out/sharded_cost-$i.txt"
+    grep "thread(s)" "$out/sharded_cost-$i.txt"
 done
 echo "== replay_gpu"
 cat "$out/replay_gpu.txt"

@@ -1,6 +1,7 @@
 //! What the sharded allocator costs one thread: cache-hit alloc+free pairs of mixed sizes with
 //! the single-lock allocator, the sharded one while one stream is all it has seen, and the
-//! sharded one after a second stream (stats logged and stamped). Simulated device.
+//! sharded one after a second stream (its shard bounded: checked against its ceilings, logged
+//! only past them). Simulated device.
 //! `cargo run --release -p cudamem-alloc --example sharded_cost`
 
 use std::sync::Arc;
@@ -38,7 +39,7 @@ fn run(mut malloc: impl FnMut(u64) -> u64, mut free: impl FnMut(u64)) -> f64 {
 }
 
 fn main() {
-    // `sharded_cost one|solo|logging` runs only that case (for a profiler); no argument runs all.
+    // `sharded_cost one|solo|two` runs only that case (for a profiler); no argument runs all.
     let only = std::env::args().nth(1);
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
     if only.as_deref() == Some("threads") {
@@ -54,7 +55,7 @@ fn main() {
             }
             _ => {
                 let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
-                if case == "logging" {
+                if case == "two" {
                     sh.free(sh.malloc(512, StreamId(8)).unwrap(), StreamId(8)).unwrap();
                 }
                 println!("{:.0}", run(|n| sh.malloc(n, s).unwrap(), |p| sh.free(p, s).unwrap()));
@@ -68,26 +69,28 @@ fn main() {
     let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
     let b = run(|n| sh.malloc(n, s).unwrap(), |p| sh.free(p, s).unwrap());
     sh.malloc(0, StreamId(8)).unwrap();
-    sh.free(sh.malloc(512, StreamId(8)).unwrap(), StreamId(8)).unwrap(); // a second shard: logging on
+    sh.free(sh.malloc(512, StreamId(8)).unwrap(), StreamId(8)).unwrap(); // a second shard: shards bounded
     let c = run(|n| sh.malloc(n, s).unwrap(), |p| sh.free(p, s).unwrap());
     let (merges, replays) = sh.merge_counts();
     println!("ns per alloc+free pair (mixed sizes, cache hits, one thread):");
     println!("  single lock            {a:.0}");
     println!("  sharded, one stream    {b:.0}");
     println!(
-        "  sharded, logging       {c:.0}   ({merges} merges, {replays} replays; clock {} at {:.1} ns)",
+        "  sharded, 2 streams     {c:.0}   ({merges} merges, {replays} replays; clock {} at {:.1} ns)",
         ShardedAllocator::clock_kind(),
         ShardedAllocator::clock_cost_ns()
     );
 }
 
-/// `sharded_cost threads`: 1 and 2 threads on their own streams, each doing cache-hit
-/// alloc+free pairs of 512 B–4 MiB with nothing else live (the criterion `threads` group's
-/// loop), one lock vs sharded; pairs per second of all threads, and the merges behind them.
+/// `sharded_cost threads`: 1, 2, 4 and 8 threads (as many as there are cores) on their own
+/// streams, each doing cache-hit alloc+free pairs of 512 B–4 MiB with nothing else live (the
+/// criterion `threads` group's loop), one lock vs sharded; pairs per second of all threads, and
+/// the merges behind them.
 fn threads() {
     const PER_THREAD: usize = 1_000_000;
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
-    for n in [1usize, 2] {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for n in [1usize, 2, 4, 8].into_iter().filter(|&n| n == 1 || n <= cores) {
         for sharded in [false, true] {
             let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
             let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
