@@ -26,9 +26,11 @@
 //!     series could have passed its peak in that window (its value where the logs start plus
 //!     every shard's largest rise exceeds the peak), replays the logs in timestamp order onto
 //!     one aggregate, tracking the peaks of those series; otherwise it adds the net changes
-//!     only. Then every shard is bounded again. The replay reads logs that other cores wrote
-//!     (and those cores pay to own the lines again), so logs are compact (about 32 bytes per
-//!     operation).
+//!     only. Then every shard is bounded again. The replay runs on a thread of its own (the
+//!     *replayer*, started with the second shard; a read of the stats waits for it), so the
+//!     operation that filled a log does not pay for everyone's. It reads logs that other cores
+//!     wrote (and those cores pay to own the lines again), so logs are compact (about 32 bytes
+//!     per operation).
 //!
 //!   The peaks are those of one linear order of all operations, consistent with real time:
 //!   the timestamp is the CPU's invariant time-stamp counter (`rdtscp`, synchronised across
@@ -365,18 +367,20 @@ impl ShardState {
         log.entries.push((offset as u32, mask));
     }
 
-    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling.
+    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling. (On the
+    /// hot path: values and ceilings are in [0, 2⁶³), so `ceiling − value` is negative exactly
+    /// when the value is above, and the sign bit of one OR answers for all 29.)
     #[inline]
     fn exceeds(&self, now: &[i64; N]) -> bool {
         let c = &self.ceiling;
-        let mut over = false;
+        let mut acc = 0i64;
         for i in 0..N {
-            over |= now[i] > c[i];
+            acc |= c[i].wrapping_sub(now[i]);
         }
         for a in 0..9 {
-            over |= now[2 * a] + now[2 * a + 1] > c[N + a];
+            acc |= c[N + a].wrapping_sub(now[2 * a] + now[2 * a + 1]);
         }
-        over
+        acc < 0
     }
 
     /// `Bounded` → `Logged`, before the operation just done: raise `alarm` (with a full
@@ -485,6 +489,8 @@ struct Aggregate {
     peak: [i64; S],
     /// Logs taken from the shards, being merged (their buffers are swapped back in later).
     taken: Vec<Log>,
+    /// Whether `taken` waits for the replayer (see [`Aggregate::catch_up`]).
+    pending: bool,
     /// Merges that had to replay operations one by one (a new peak was possible).
     replays: u64,
     /// Merges in all.
@@ -494,6 +500,15 @@ struct Aggregate {
 }
 
 impl Aggregate {
+    /// Merges the taken logs if a merge left them to the replayer and it has not yet: before
+    /// the next cut (which swaps logs into `taken`) and before any read.
+    fn catch_up(&mut self) {
+        if self.pending {
+            self.pending = false;
+            self.merge_taken();
+        }
+    }
+
     /// Merges the logs in `taken`, which hold every logged operation of one window of time
     /// (they were taken with every shard locked): if no series can have passed its peak — its
     /// value where the logs start plus every shard's largest rise is at most the peak — only
@@ -612,6 +627,57 @@ fn next_stamp(log: &Log, pos: &mut (usize, usize, u64)) -> u64 {
     }
 }
 
+/// The thread that replays what merges took (see [`ShardedAllocator::merge`]): woken by the
+/// merge, it takes the aggregate's lock and catches up. Stopped and joined when the allocator
+/// is dropped.
+#[derive(Debug)]
+struct Replayer {
+    thread: std::thread::Thread,
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: Arc<AtomicBool>,
+    /// The process that started the thread: a child made by `fork` has no such thread (its
+    /// merges still replay, at the next merge or read; the replayer only saves time).
+    pid: u32,
+}
+
+impl Replayer {
+    /// `None` if no thread can be started: merges then replay where they run.
+    fn spawn(aggregate: Arc<Padded<Mutex<Aggregate>>>) -> Option<Replayer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("cudamem-replay".into())
+            .spawn(move || {
+                loop {
+                    std::thread::park(); // woken by a merge (or spuriously: then nothing pends)
+                    if stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    lock(&aggregate).catch_up();
+                }
+            })
+            .ok()?;
+        Some(Replayer {
+            thread: handle.thread().clone(),
+            handle: Mutex::new(Some(handle)),
+            stop,
+            pid: std::process::id(),
+        })
+    }
+}
+
+impl Drop for ShardedAllocator {
+    fn drop(&mut self) {
+        if let Some(r) = self.replayer.get().filter(|r| r.pid == std::process::id()) {
+            r.stop.store(true, Ordering::Release);
+            r.thread.unpark();
+            if let Some(h) = lock(&r.handle).take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
 /// A device allocator with one engine per group of streams. See the
 /// [module documentation](self).
 #[derive(Debug)]
@@ -621,7 +687,10 @@ pub struct ShardedAllocator {
     table: Box<[(AtomicU64, AtomicU64)]>,
     next_shard: Padded<AtomicU64>,
     /// On lines of its own: merges write it while every operation reads the fields above.
-    aggregate: Padded<Mutex<Aggregate>>,
+    /// Shared with the replayer.
+    aggregate: Arc<Padded<Mutex<Aggregate>>>,
+    /// The thread that replays the logs a merge took (from the second shard's start on).
+    replayer: OnceLock<Replayer>,
     /// [`EMPTY`], [`MULTI`], or the one shard used so far.
     mode: AtomicU64,
     /// Raised by a `Bounded` shard that passed a ceiling: every shard logs from its next
@@ -669,14 +738,16 @@ impl ShardedAllocator {
             shards: shards.into_boxed_slice(),
             table: (0..TABLE).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
             next_shard: Padded(AtomicU64::new(0)),
-            aggregate: Padded(Mutex::new(Aggregate {
+            replayer: OnceLock::new(),
+            aggregate: Arc::new(Padded(Mutex::new(Aggregate {
                 current: [0; S],
                 peak: [0; S],
                 taken: (0..SHARDS).map(|_| Log::default()).collect(),
+                pending: false,
                 replays: 0,
                 merges: 0,
                 replay_ns: 0,
-            })),
+            }))),
             mode: AtomicU64::new(EMPTY),
             alarm: AtomicBool::new(false),
             device,
@@ -739,22 +810,35 @@ impl ShardedAllocator {
     }
 
     /// After an operation on shard `i` whose log has `len` entries: merge when due (at each
-    /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]).
+    /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]),
+    /// leaving the replay to the replayer.
     #[inline]
     fn after_op(&self, len: usize) {
         if len >= MERGE_AT && len.is_multiple_of(MERGE_AT) {
-            if len >= MERGE_MUST {
-                self.merge(&mut lock(&self.aggregate));
+            let deferred = if len >= MERGE_MUST {
+                self.merge(&mut lock(&self.aggregate), true)
             } else if let Ok(mut agg) = self.aggregate.try_lock() {
-                self.merge(&mut agg);
+                self.merge(&mut agg, true)
+            } else {
+                false
+            };
+            if deferred {
+                if let Some(r) = self.replayer.get() {
+                    r.thread.unpark();
+                }
             }
         }
     }
 
     /// Takes every shard's log — with every shard locked, in index order, so that the logs
     /// hold exactly the operations of one window of time — settles the shards again, then
-    /// merges the logs with the shards running again.
-    fn merge(&self, agg: &mut Aggregate) {
+    /// merges the logs with the shards running again: here, or (`defer`, and there is a
+    /// replayer) on the replayer's thread, once the caller drops `agg` and wakes it — then the
+    /// result is true. Why defer: a replay reads every logged operation of the window, which
+    /// made the operation that filled a log many times slower than the others, and with eight
+    /// threads one of them was always replaying.
+    fn merge(&self, agg: &mut Aggregate, defer: bool) -> bool {
+        agg.catch_up();
         {
             let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
             for (i, st) in shards.iter_mut().enumerate() {
@@ -763,19 +847,27 @@ impl ShardedAllocator {
             }
             settle(&agg.peak, &mut shards, &self.alarm);
         }
+        if defer && self.replayer.get().is_some() {
+            agg.pending = true;
+            return true;
+        }
         agg.merge_taken();
+        false
     }
 
     /// Merges done, and how many of them replayed operations one by one (the others only
     /// added net changes, no new peak being possible). For benchmarks and tests.
     pub fn merge_counts(&self) -> (u64, u64) {
-        let agg = lock(&self.aggregate);
+        let mut agg = lock(&self.aggregate);
+        agg.catch_up();
         (agg.merges, agg.replays)
     }
 
     /// Time spent replaying logged operations in merges, in ns (for benchmarks).
     pub fn replay_time_ns(&self) -> u64 {
-        lock(&self.aggregate).replay_ns
+        let mut agg = lock(&self.aggregate);
+        agg.catch_up();
+        agg.replay_ns
     }
 
     /// Before an operation on shard `i` (holding no lock): makes sure the mode is "only shard
@@ -814,6 +906,9 @@ impl ShardedAllocator {
                 }
                 settle(&agg.peak, &mut shards, &self.alarm);
                 self.mode.store(MULTI, Ordering::Release);
+                if let Some(r) = Replayer::spawn(self.aggregate.clone()) {
+                    let _ = self.replayer.set(r);
+                }
             }
         }
     }
@@ -823,6 +918,7 @@ impl ShardedAllocator {
     /// are in use — every operation merged into the aggregate. Also the mode.
     fn snapshot(&self) -> (MutexGuard<'_, Aggregate>, Vec<MutexGuard<'_, ShardState>>, u64) {
         let mut agg = lock(&self.aggregate);
+        agg.catch_up();
         let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
         let mode = self.mode.load(Ordering::Acquire);
         if mode == MULTI {
