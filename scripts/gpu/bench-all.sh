@@ -24,7 +24,7 @@ for i in $(seq 1 "$runs"); do
     grep -E "^\| (512 B|64 MiB) \|" "$out/gpu_bench-$i.txt" | head -2
     grep -A7 "throughput, sharded" "$out/gpu_bench-$i.txt" | grep -E "^\| [18] \|"
     grep "merges" "$out/gpu_bench-$i.txt"
-    grep -A3 "single lock" "$out/sharded_cost-$i.txt"
+    grep -A2 "single lock" "$out/sharded_cost-$i.txt"
     grep "thread(s)" "$out/sharded_cost-$i.txt"
 done
 echo "== replay_gpu"
