@@ -425,35 +425,22 @@ impl ShardState {
     }
 }
 
-/// Every shard (all locked, windows just closed) becomes `Bounded`: per series, the headroom
-/// between the device's peak and its current total is shared among the shards — first what
-/// each rose by in the last window (`demand`), then the rest evenly; if the headroom is short,
-/// in proportion to demand. The ceilings sum to at most the peak, which is what makes unlogged
-/// operations exact (see [`ShardState::record`]). `peak` may be older than the shards' values
-/// (a merge replays the window after the shards run again): a total above it is a value the
-/// device had, so the peak is at least that.
+/// Every shard (all locked, windows just closed) becomes `Bounded`, with ceilings from
+/// [`headroom_shares`] per series. `peak` may be older than the shards' values (a merge replays
+/// the window after the shards run again): a total above it is a value the device had, so the
+/// peak is at least that.
 fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &AtomicBool) {
-    let n = shards.len() as i64;
+    let mut current = vec![0i64; shards.len()];
+    let mut demand = vec![0i64; shards.len()];
+    let mut share = vec![0i64; shards.len()];
     for (k, &peak) in peak.iter().enumerate() {
-        let total: i64 = shards.iter().map(|s| s.start[k]).sum();
-        let want: i64 = shards.iter().map(|s| s.demand[k]).sum();
-        let slack = peak.max(total) - total;
-        let wanting = shards.iter().filter(|s| s.demand[k] > 0).count() as i64;
-        for st in shards.iter_mut() {
-            let d = st.demand[k];
-            let share = if want <= slack {
-                let rest = slack - want;
-                d + if wanting == 0 {
-                    rest / n
-                } else if d > 0 {
-                    rest / wanting
-                } else {
-                    0
-                }
-            } else {
-                (d as i128 * slack as i128 / want as i128) as i64
-            };
-            st.ceiling[k] = st.start[k] + share;
+        for (i, st) in shards.iter().enumerate() {
+            current[i] = st.start[k];
+            demand[i] = st.demand[k];
+        }
+        headroom_shares(peak, &current, &demand, &mut share);
+        for (st, s) in shards.iter_mut().zip(&share) {
+            st.ceiling[k] = st.start[k] + s;
         }
     }
     for st in shards.iter_mut() {
@@ -462,6 +449,34 @@ fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &At
         st.tracking = Tracking::Bounded;
     }
     alarm.store(false, Ordering::SeqCst);
+}
+
+/// How one series' headroom — its peak (at least its current total) minus that total — is
+/// shared among shards whose values are `current` and who rose by `demand` (≥ 0) in the last
+/// window: first each shard's demand, then the rest evenly among those that rose (among all if
+/// none did); if the headroom is short, in proportion to demand. Guarantees: every share is
+/// ≥ 0 and the shares sum to at most the headroom — so ceilings (`current + share`) sum to at
+/// most the peak, which is what makes unlogged operations exact (see [`ShardState::record`]).
+fn headroom_shares(peak: i64, current: &[i64], demand: &[i64], share: &mut [i64]) {
+    let total: i64 = current.iter().sum();
+    let slack = peak.max(total) - total;
+    let want: i64 = demand.iter().sum();
+    let wanting = demand.iter().filter(|&&d| d > 0).count() as i64;
+    let n = current.len().max(1) as i64;
+    for (s, &d) in share.iter_mut().zip(demand) {
+        *s = if want <= slack {
+            let rest = slack - want;
+            d + if wanting == 0 {
+                rest / n
+            } else if d > 0 {
+                rest / wanting
+            } else {
+                0
+            }
+        } else {
+            (d as i128 * slack as i128 / want as i128) as i64
+        };
+    }
 }
 
 /// A value on cache lines of its own (128 bytes: adjacent-line prefetch pairs 64-byte lines).
@@ -1207,6 +1222,31 @@ mod tests {
         st.oversize_allocations.increase(7);
         st.oversize_segments.increase(9);
         assert_eq!(currents(&st)[..], series(&st).0[..N]);
+    }
+
+    proptest::proptest! {
+        /// Whatever the values and demands, the shares are ≥ 0 and sum to at most the headroom
+        /// (the ceilings to at most the peak); when the headroom covers every demand, every
+        /// shard gets at least its demand.
+        #[test]
+        fn headroom_shares_never_exceed_the_peak(
+            shards in proptest::collection::vec((0i64..1 << 40, 0i64..1 << 40), 1..70),
+            peak in 0i64..1 << 46,
+        ) {
+            let current: Vec<i64> = shards.iter().map(|s| s.0).collect();
+            let demand: Vec<i64> = shards.iter().map(|s| s.1).collect();
+            let mut share = vec![0; shards.len()];
+            headroom_shares(peak, &current, &demand, &mut share);
+            let total: i64 = current.iter().sum();
+            let headroom = peak.max(total) - total;
+            proptest::prop_assert!(share.iter().all(|&s| s >= 0));
+            proptest::prop_assert!(share.iter().sum::<i64>() <= headroom);
+            if demand.iter().sum::<i64>() <= headroom {
+                for (s, d) in share.iter().zip(&demand) {
+                    proptest::prop_assert!(s >= d);
+                }
+            }
+        }
     }
 
     #[test]
