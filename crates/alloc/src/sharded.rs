@@ -183,7 +183,7 @@ const S: usize = N + 9;
 /// Changes of the tracked values since the last merge, one entry per operation that changed
 /// any, plus a summary that lets a merge skip the entries when they cannot make a new peak.
 /// The summary is not kept per operation: the shard's engine already keeps, for every stat, its
-/// highest value — which no one reads once several shards log (the device's peaks are the
+/// highest value — which no one reads once several shards are used (the device's peaks are the
 /// aggregate's) — so the window's largest rise is that peak minus the window's start value,
 /// read when the window closes ([`ShardState::close_window`]).
 ///
@@ -717,7 +717,7 @@ pub struct ShardedAllocator {
 
 /// No shard used yet.
 const EMPTY: u64 = u64::MAX;
-/// Several shards used: every shard logs.
+/// Several shards used: every shard is `Bounded` or `Logged`.
 const MULTI: u64 = u64::MAX - 1;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
