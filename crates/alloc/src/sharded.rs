@@ -17,7 +17,9 @@
 //!     logged or stamped. An operation costs one engine operation, 29 comparisons and one read
 //!     of a flag that nobody writes. Ceilings are set at every merge (see `settle`): the
 //!     headroom between peak and current total goes first to the shards that rose in the last
-//!     window, by how much they rose — a training loop that repeats its iteration stays here.
+//!     window, by how much they rose. One thread driving several streams stays here, and so do
+//!     threads that reach their highs together; threads whose phases drift apart keep making
+//!     totals no earlier moment had, and log.
 //!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on, every shard
 //!     appends to its own log the change of each tracked value after each operation, with a
 //!     timestamp taken under the shard's lock (why that order is exact: at
