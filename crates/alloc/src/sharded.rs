@@ -576,11 +576,14 @@ impl Aggregate {
     /// `may` cannot have passed their peak; skipping them keeps a replay's cost to what it must
     /// read.
     fn replay(&mut self, shards: &[usize], may: u64) {
-        // Per-pool values to track: those in `may`, and both halves of every `all` in `may`.
+        // Per-pool values to track: those in `may`, and both halves of every `all` in `may`;
+        // `all_pairs` has bit 2a for every `all` in `may`.
         let mut track = (may as u32) & ((1 << N) - 1);
+        let mut all_pairs = 0u32;
         for a in 0..9 {
             if may & (1 << (N + a)) != 0 {
                 track |= 0b11 << (2 * a);
+                all_pairs |= 1 << (2 * a);
             }
         }
         // Per shard in `shards`: where its next entry and that entry's changes are, its base,
@@ -602,7 +605,6 @@ impl Aggregate {
             // halfway — one pool moved, the other not yet — is a value that never existed
             // (e.g. the out-of-memory path frees a large segment and maps a small one).
             let mut m = mask;
-            let mut arrays = 0u32; // bit a: array a's small or large value moved
             while m != 0 {
                 let i = m.trailing_zeros() as usize;
                 m &= m - 1;
@@ -612,13 +614,11 @@ impl Aggregate {
                 }
                 self.current[i] += delta;
                 self.peak[i] = self.peak[i].max(self.current[i]);
-                if i < 18 {
-                    arrays |= 1 << (i / 2);
-                }
             }
-            let mut a_bits = arrays & (may >> N) as u32;
+            // Bit 2a: array a's small or large value moved and its `all` is tracked.
+            let mut a_bits = (mask | (mask >> 1)) & all_pairs;
             while a_bits != 0 {
-                let a = a_bits.trailing_zeros() as usize;
+                let a = a_bits.trailing_zeros() as usize / 2;
                 a_bits &= a_bits - 1;
                 self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
                 self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
