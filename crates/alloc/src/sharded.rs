@@ -68,7 +68,7 @@
 //! sharding removes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudamem_device::{Device, DevicePtr, StreamId};
 
@@ -498,134 +498,198 @@ impl<T> std::ops::Deref for Padded<T> {
 #[repr(align(128))]
 struct Shard(Mutex<ShardState>);
 
-/// The merged view: the tracked values of the whole device and their peaks.
+/// The merged view: the tracked values of the whole device and their peaks, and the windows of
+/// logs that merges took and that wait for a replay.
 #[derive(Debug)]
 struct Aggregate {
-    /// Per series (the `all` ones as small + large).
+    /// Per series (the `all` ones as small + large), as of the last cut.
     current: [i64; S],
     peak: [i64; S],
-    /// Logs taken from the shards, being merged (their buffers are swapped back in later).
-    taken: Vec<Log>,
-    /// Whether `taken` waits for the replayer (see [`Aggregate::catch_up`]).
-    pending: bool,
-    /// Merges that had to replay operations one by one (a new peak was possible).
+    /// Windows cut and not yet replayed, oldest first: one log per shard each.
+    queue: std::collections::VecDeque<Vec<Log>>,
+    /// Windows being replayed by replayers, outside the lock.
+    in_flight: usize,
+    /// Emptied windows, for the next cuts (their logs keep their capacity).
+    spare: Vec<Vec<Log>>,
+    /// Windows that had to replay operations one by one (a new peak was possible).
     replays: u64,
-    /// Merges in all.
+    /// Windows merged in all.
     merges: u64,
     /// Time spent replaying, ns.
     replay_ns: u64,
 }
 
+/// The aggregate, and what tells a reader that the replayers have finished.
+#[derive(Debug)]
+struct Merged {
+    aggregate: Padded<Mutex<Aggregate>>,
+    /// Notified when the last window in flight is applied.
+    idle: Condvar,
+}
+
+/// At most this many windows wait for replayers; a merge beyond it replays one itself.
+const QUEUE_MAX: usize = 4;
+
 impl Aggregate {
-    /// Merges the taken logs if a merge left them to the replayer and it has not yet: before
-    /// the next cut (which swaps logs into `taken`) and before any read.
-    fn catch_up(&mut self) {
-        if self.pending {
-            self.pending = false;
-            self.merge_taken();
+    fn new() -> Aggregate {
+        Aggregate {
+            current: [0; S],
+            peak: [0; S],
+            queue: std::collections::VecDeque::new(),
+            in_flight: 0,
+            spare: Vec::new(),
+            replays: 0,
+            merges: 0,
+            replay_ns: 0,
         }
     }
 
-    /// Merges the logs in `taken`, which hold every logged operation of one window of time
-    /// (they were taken with every shard locked): if no series can have passed its peak — its
-    /// value where the logs start plus every shard's largest rise is at most the peak — only
-    /// the net changes are added; otherwise the operations are replayed in timestamp order.
-    fn merge_taken(&mut self) {
-        // Where the replay starts: every shard's value where its entries start — the moment
-        // the first shard began logging (see `ShardState::record`).
+    /// Takes every shard's log (all locked: one window of time, ending now) into the queue,
+    /// notes the device's totals now, and settles the shards again — with the peaks known so
+    /// far, which windows still to replay can only raise (see [`settle`]).
+    fn cut(&mut self, shards: &mut [MutexGuard<'_, ShardState>], alarm: &AtomicBool) {
+        let mut logs = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| (0..shards.len()).map(|_| Log::default()).collect());
         self.current = [0; S];
-        for l in &self.taken {
+        for (st, log) in shards.iter_mut().zip(logs.iter_mut()) {
+            st.close_window();
+            std::mem::swap(log, &mut st.log);
             for s in 0..S {
-                self.current[s] += l.start[s];
+                self.current[s] += st.start[s];
             }
         }
-        // Series that may have passed their peak in the window, as bits of [0, S).
-        let mut may = 0u64;
-        for s in 0..S {
-            let rise: i64 = self.taken.iter().map(|l| l.rise[s]).sum();
-            if self.current[s] + rise > self.peak[s] {
-                may |= 1 << s;
-            }
-        }
+        settle(&self.peak, shards, alarm);
+        self.queue.push_back(logs);
+    }
+
+    /// Applies a replayed window: its peaks (the window's own, at least `self.peak` as it was
+    /// when the replay began) raise the device's; its logs go back to the spares.
+    fn apply(&mut self, mut logs: Vec<Log>, replayed: Option<[i64; S]>, ns: u64) {
         self.merges += 1;
-        let start = self.current;
-        if may != 0 {
-            let t = std::time::Instant::now();
-            let shards: Vec<usize> = (0..self.taken.len())
-                .filter(|&i| !self.taken[i].entries.is_empty())
-                .collect();
+        if let Some(peak) = replayed {
             self.replays += 1;
-            self.replay(&shards, may);
-            self.replay_ns += t.elapsed().as_nanos() as u64;
-        }
-        // Every series ends at its start plus the window's net change (the replay moved only
-        // the series it tracked, to the same values).
-        self.current = start;
-        for l in &self.taken {
-            for s in 0..S {
-                self.current[s] += l.net[s];
+            self.replay_ns += ns;
+            for (p, q) in self.peak.iter_mut().zip(peak) {
+                *p = (*p).max(q);
             }
         }
-        for l in &mut self.taken {
+        for l in &mut logs {
             l.clear();
         }
+        self.spare.push(logs);
     }
 
-    /// Applies every taken operation in timestamp order to the series in `may` (bits of
-    /// [0, S)) and the per-pool values they are made of, raising their peaks. Series outside
-    /// `may` cannot have passed their peak; skipping them keeps a replay's cost to what it must
-    /// read.
-    fn replay(&mut self, shards: &[usize], may: u64) {
-        // Per-pool values to track: those in `may`, and both halves of every `all` in `may`;
-        // `all_pairs` has bit 2a for every `all` in `may`.
-        let mut track = (may as u32) & ((1 << N) - 1);
-        let mut all_pairs = 0u32;
-        for a in 0..9 {
-            if may & (1 << (N + a)) != 0 {
-                track |= 0b11 << (2 * a);
-                all_pairs |= 1 << (2 * a);
-            }
+    /// Replays every queued window here, under the lock.
+    fn replay_queued(&mut self) {
+        while let Some(logs) = self.queue.pop_front() {
+            let t = std::time::Instant::now();
+            let r = replay_window(&logs, &self.peak);
+            self.apply(logs, r, t.elapsed().as_nanos() as u64);
         }
-        // Per shard in `shards`: where its next entry and that entry's changes are, its base,
-        // and the entry's stamp (u64::MAX when done).
-        let mut pos: Vec<(usize, usize, u64)> = shards.iter().map(|&i| (0, 0, self.taken[i].base)).collect();
-        let mut head = vec![0u64; shards.len()];
-        for k in 0..shards.len() {
-            head[k] = next_stamp(&self.taken[shards[k]], &mut pos[k]);
+    }
+}
+
+/// Every window merged: queued ones replayed here, and — unless the replayers are not this
+/// process's (a child made by `fork`) — those in flight waited for.
+fn drain<'a>(merged: &'a Merged, own_replayers: bool) -> MutexGuard<'a, Aggregate> {
+    let mut agg = lock(&merged.aggregate);
+    loop {
+        agg.replay_queued();
+        if agg.in_flight == 0 || !own_replayers {
+            return agg;
         }
-        while let Some((k, &t)) = head.iter().enumerate().min_by_key(|&(_, t)| *t) {
-            if t == u64::MAX {
-                break;
-            }
-            let log = &self.taken[shards[k]];
-            let (e, mut d, base) = pos[k];
-            let mask = log.entries[e].1;
-            // Every change of the operation first, then the totals: an operation's end values
-            // are its highest point (see the note above `impl ShardState`), but a total built
-            // halfway — one pool moved, the other not yet — is a value that never existed
-            // (e.g. the out-of-memory path frees a large segment and maps a small one).
-            let mut m = mask;
-            while m != 0 {
-                let i = m.trailing_zeros() as usize;
-                m &= m - 1;
-                let delta = read_delta(&log.deltas, &mut d);
-                if track & (1 << i) == 0 {
-                    continue;
-                }
-                self.current[i] += delta;
-                self.peak[i] = self.peak[i].max(self.current[i]);
-            }
-            // Bit 2a: array a's small or large value moved and its `all` is tracked.
-            let mut a_bits = (mask | (mask >> 1)) & all_pairs;
-            while a_bits != 0 {
-                let a = a_bits.trailing_zeros() as usize / 2;
-                a_bits &= a_bits - 1;
-                self.current[N + a] = self.current[2 * a] + self.current[2 * a + 1];
-                self.peak[N + a] = self.peak[N + a].max(self.current[N + a]);
-            }
-            pos[k] = (e + 1, d, base);
-            head[k] = next_stamp(log, &mut pos[k]);
+        agg = merged.idle.wait(agg).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Replays one window's logs against the peaks `peak` (as known when it starts): `None` if no
+/// series can have passed its peak in the window — its value where the logs start plus every
+/// shard's largest rise is at most the peak — otherwise the peaks after applying every logged
+/// operation in timestamp order. Windows are independent (each log carries the value it
+/// starts from), so replayers can work on several at once.
+fn replay_window(logs: &[Log], peak: &[i64; S]) -> Option<[i64; S]> {
+    // Where the replay starts: every shard's value where its entries start — the moment the
+    // first shard began logging (see `ShardState::record`).
+    let mut current = [0i64; S];
+    let mut rise = [0i64; S];
+    for l in logs {
+        for s in 0..S {
+            current[s] += l.start[s];
+            rise[s] += l.rise[s];
         }
+    }
+    // Series that may have passed their peak in the window, as bits of [0, S).
+    let mut may = 0u64;
+    for s in 0..S {
+        if current[s] + rise[s] > peak[s] {
+            may |= 1 << s;
+        }
+    }
+    if may == 0 {
+        return None;
+    }
+    let mut peak = *peak;
+    let logs: Vec<&Log> = logs.iter().filter(|l| !l.entries.is_empty()).collect();
+    replay(&logs, may, &mut current, &mut peak);
+    Some(peak)
+}
+
+/// Applies every operation of `logs` in timestamp order to the series in `may` (bits of
+/// [0, S)) and the per-pool values they are made of, raising their peaks. Series outside
+/// `may` cannot have passed their peak; skipping them keeps a replay's cost to what it must
+/// read.
+fn replay(logs: &[&Log], may: u64, current: &mut [i64; S], peak: &mut [i64; S]) {
+    // Per-pool values to track: those in `may`, and both halves of every `all` in `may`;
+    // `all_pairs` has bit 2a for every `all` in `may`.
+    let mut track = (may as u32) & ((1 << N) - 1);
+    let mut all_pairs = 0u32;
+    for a in 0..9 {
+        if may & (1 << (N + a)) != 0 {
+            track |= 0b11 << (2 * a);
+            all_pairs |= 1 << (2 * a);
+        }
+    }
+    // Per log: where its next entry and that entry's changes are, its base, and the entry's
+    // stamp (u64::MAX when done).
+    let mut pos: Vec<(usize, usize, u64)> = logs.iter().map(|l| (0, 0, l.base)).collect();
+    let mut head = vec![0u64; logs.len()];
+    for k in 0..logs.len() {
+        head[k] = next_stamp(logs[k], &mut pos[k]);
+    }
+    while let Some((k, &t)) = head.iter().enumerate().min_by_key(|&(_, t)| *t) {
+        if t == u64::MAX {
+            break;
+        }
+        let log = logs[k];
+        let (e, mut d, base) = pos[k];
+        let mask = log.entries[e].1;
+        // Every change of the operation first, then the totals: an operation's end values are
+        // its highest point (see the note above `impl ShardState`), but a total built halfway —
+        // one pool moved, the other not yet — is a value that never existed (e.g. the
+        // out-of-memory path frees a large segment and maps a small one).
+        let mut m = mask;
+        while m != 0 {
+            let i = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let delta = read_delta(&log.deltas, &mut d);
+            if track & (1 << i) == 0 {
+                continue;
+            }
+            current[i] += delta;
+            peak[i] = peak[i].max(current[i]);
+        }
+        // Bit 2a: array a's small or large value moved and its `all` is tracked.
+        let mut a_bits = (mask | (mask >> 1)) & all_pairs;
+        while a_bits != 0 {
+            let a = a_bits.trailing_zeros() as usize / 2;
+            a_bits &= a_bits - 1;
+            current[N + a] = current[2 * a] + current[2 * a + 1];
+            peak[N + a] = peak[N + a].max(current[N + a]);
+        }
+        pos[k] = (e + 1, d, base);
+        head[k] = next_stamp(log, &mut pos[k]);
     }
 }
 
@@ -644,51 +708,86 @@ fn next_stamp(log: &Log, pos: &mut (usize, usize, u64)) -> u64 {
     }
 }
 
-/// The thread that replays what merges took (see [`ShardedAllocator::merge`]): woken by the
-/// merge, it takes the aggregate's lock and catches up. Stopped and joined when the allocator
-/// is dropped.
+/// Threads that replay the windows merges cut (see [`ShardedAllocator::after_op`]): woken after
+/// a cut, each takes the oldest queued window, replays it without the lock and applies it —
+/// several windows at once when one thread cannot keep up. Stopped and joined when the
+/// allocator is dropped.
 #[derive(Debug)]
-struct Replayer {
-    thread: std::thread::Thread,
-    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+struct Replayers {
+    threads: Vec<std::thread::Thread>,
+    handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
-    /// The process that started the thread: a child made by `fork` has no such thread (its
-    /// merges still replay, at the next merge or read; the replayer only saves time).
+    /// The process that started the threads: a child made by `fork` has none (its merges
+    /// still replay, at the next merge or read; replayers only save time).
     pid: u32,
 }
 
-impl Replayer {
+/// Replayer threads per allocator.
+const REPLAYERS: usize = 2;
+
+impl Replayers {
     /// `None` if no thread can be started: merges then replay where they run.
-    fn spawn(aggregate: Arc<Padded<Mutex<Aggregate>>>) -> Option<Replayer> {
+    fn spawn(merged: Arc<Merged>) -> Option<Replayers> {
         let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("cudamem-replay".into())
-            .spawn(move || {
-                loop {
-                    std::thread::park(); // woken by a merge (or spuriously: then nothing pends)
-                    if stopped.load(Ordering::Acquire) {
-                        return;
-                    }
-                    lock(&aggregate).catch_up();
-                }
-            })
-            .ok()?;
-        Some(Replayer {
-            thread: handle.thread().clone(),
-            handle: Mutex::new(Some(handle)),
+        let mut handles = Vec::new();
+        for k in 0..REPLAYERS {
+            let (merged, stopped) = (merged.clone(), stop.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("cudamem-replay-{k}"))
+                .spawn(move || replayer_loop(&merged, &stopped));
+            match h {
+                Ok(h) => handles.push(h),
+                Err(_) if !handles.is_empty() => break,
+                Err(_) => return None,
+            }
+        }
+        Some(Replayers {
+            threads: handles.iter().map(|h| h.thread().clone()).collect(),
+            handles: Mutex::new(handles),
             stop,
             pid: std::process::id(),
         })
+    }
+
+    fn wake(&self) {
+        for t in &self.threads {
+            t.unpark();
+        }
+    }
+}
+
+fn replayer_loop(merged: &Merged, stop: &AtomicBool) {
+    loop {
+        std::thread::park(); // woken after a cut (or spuriously: then the queue may be empty)
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        loop {
+            let (logs, peak) = {
+                let mut agg = lock(&merged.aggregate);
+                let Some(logs) = agg.queue.pop_front() else { break };
+                agg.in_flight += 1;
+                (logs, agg.peak)
+            };
+            let t = std::time::Instant::now();
+            let r = replay_window(&logs, &peak);
+            let ns = t.elapsed().as_nanos() as u64;
+            let mut agg = lock(&merged.aggregate);
+            agg.apply(logs, r, ns);
+            agg.in_flight -= 1;
+            if agg.in_flight == 0 {
+                merged.idle.notify_all();
+            }
+        }
     }
 }
 
 impl Drop for ShardedAllocator {
     fn drop(&mut self) {
-        if let Some(r) = self.replayer.get().filter(|r| r.pid == std::process::id()) {
+        if let Some(r) = self.replayers.get().filter(|r| r.pid == std::process::id()) {
             r.stop.store(true, Ordering::Release);
-            r.thread.unpark();
-            if let Some(h) = lock(&r.handle).take() {
+            r.wake();
+            for h in lock(&r.handles).drain(..) {
                 let _ = h.join();
             }
         }
@@ -704,10 +803,10 @@ pub struct ShardedAllocator {
     table: Box<[(AtomicU64, AtomicU64)]>,
     next_shard: Padded<AtomicU64>,
     /// On lines of its own: merges write it while every operation reads the fields above.
-    /// Shared with the replayer.
-    aggregate: Arc<Padded<Mutex<Aggregate>>>,
-    /// The thread that replays the logs a merge took (from the second shard's start on).
-    replayer: OnceLock<Replayer>,
+    /// Shared with the replayers.
+    merged: Arc<Merged>,
+    /// The threads that replay the windows merges cut (from the second shard's start on).
+    replayers: OnceLock<Replayers>,
     /// [`EMPTY`], [`MULTI`], or the one shard used so far.
     mode: AtomicU64,
     /// Raised by a `Bounded` shard that passed a ceiling: every shard logs from its next
@@ -755,16 +854,11 @@ impl ShardedAllocator {
             shards: shards.into_boxed_slice(),
             table: (0..TABLE).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
             next_shard: Padded(AtomicU64::new(0)),
-            replayer: OnceLock::new(),
-            aggregate: Arc::new(Padded(Mutex::new(Aggregate {
-                current: [0; S],
-                peak: [0; S],
-                taken: (0..SHARDS).map(|_| Log::default()).collect(),
-                pending: false,
-                replays: 0,
-                merges: 0,
-                replay_ns: 0,
-            }))),
+            replayers: OnceLock::new(),
+            merged: Arc::new(Merged {
+                aggregate: Padded(Mutex::new(Aggregate::new())),
+                idle: Condvar::new(),
+            }),
             mode: AtomicU64::new(EMPTY),
             alarm: AtomicBool::new(false),
             device,
@@ -827,64 +921,60 @@ impl ShardedAllocator {
     }
 
     /// After an operation on shard `i` whose log has `len` entries: merge when due (at each
-    /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]),
-    /// leaving the replay to the replayer.
+    /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]).
     #[inline]
     fn after_op(&self, len: usize) {
         if len >= MERGE_AT && len.is_multiple_of(MERGE_AT) {
-            let deferred = if len >= MERGE_MUST {
-                self.merge(&mut lock(&self.aggregate), true)
-            } else if let Ok(mut agg) = self.aggregate.try_lock() {
-                self.merge(&mut agg, true)
-            } else {
-                false
-            };
-            if deferred {
-                if let Some(r) = self.replayer.get() {
-                    r.thread.unpark();
+            if len >= MERGE_MUST {
+                self.merge(lock(&self.merged.aggregate));
+            } else if let Ok(agg) = self.merged.aggregate.try_lock() {
+                self.merge(agg);
+            }
+        }
+    }
+
+    /// Cuts a window — every shard's log, with every shard locked, in index order, so that the
+    /// logs hold exactly the operations of one window of time — and settles the shards again;
+    /// the replayers replay it once the lock is dropped (here, if there are none, or too many
+    /// windows wait). Why not here: a replay reads every logged operation of the window, which
+    /// made the operation that filled a log many times slower than the others, and with eight
+    /// threads one of them was always replaying.
+    fn merge(&self, mut agg: MutexGuard<'_, Aggregate>) {
+        {
+            let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
+            agg.cut(&mut shards, &self.alarm);
+        }
+        match self.replayers.get() {
+            Some(r) if agg.queue.len() <= QUEUE_MAX => {
+                drop(agg);
+                r.wake();
+            }
+            _ => {
+                // Only the oldest: the replayers are on the others.
+                if let Some(logs) = agg.queue.pop_front() {
+                    let t = std::time::Instant::now();
+                    let r = replay_window(&logs, &agg.peak);
+                    agg.apply(logs, r, t.elapsed().as_nanos() as u64);
                 }
             }
         }
     }
 
-    /// Takes every shard's log — with every shard locked, in index order, so that the logs
-    /// hold exactly the operations of one window of time — settles the shards again, then
-    /// merges the logs with the shards running again: here, or (`defer`, and there is a
-    /// replayer) on the replayer's thread, once the caller drops `agg` and wakes it — then the
-    /// result is true. Why defer: a replay reads every logged operation of the window, which
-    /// made the operation that filled a log many times slower than the others, and with eight
-    /// threads one of them was always replaying.
-    fn merge(&self, agg: &mut Aggregate, defer: bool) -> bool {
-        agg.catch_up();
-        {
-            let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
-            for (i, st) in shards.iter_mut().enumerate() {
-                st.close_window();
-                std::mem::swap(&mut agg.taken[i], &mut st.log);
-            }
-            settle(&agg.peak, &mut shards, &self.alarm);
-        }
-        if defer && self.replayer.get().is_some() {
-            agg.pending = true;
-            return true;
-        }
-        agg.merge_taken();
-        false
+    /// Whether the replayers, if any, run in this process.
+    fn own_replayers(&self) -> bool {
+        self.replayers.get().is_some_and(|r| r.pid == std::process::id())
     }
 
-    /// Merges done, and how many of them replayed operations one by one (the others only
+    /// Windows merged, and how many of them replayed operations one by one (the others only
     /// added net changes, no new peak being possible). For benchmarks and tests.
     pub fn merge_counts(&self) -> (u64, u64) {
-        let mut agg = lock(&self.aggregate);
-        agg.catch_up();
+        let agg = drain(&self.merged, self.own_replayers());
         (agg.merges, agg.replays)
     }
 
-    /// Time spent replaying logged operations in merges, in ns (for benchmarks).
+    /// Time spent replaying logged operations, in ns, summed over replayers (for benchmarks).
     pub fn replay_time_ns(&self) -> u64 {
-        let mut agg = lock(&self.aggregate);
-        agg.catch_up();
-        agg.replay_ns
+        drain(&self.merged, self.own_replayers()).replay_ns
     }
 
     /// Before an operation on shard `i` (holding no lock): makes sure the mode is "only shard
@@ -902,7 +992,7 @@ impl ShardedAllocator {
     /// device until now) and settles every shard. Holds every lock meanwhile.
     #[cold]
     fn switch_mode(&self, i: usize) {
-        let mut agg = lock(&self.aggregate);
+        let mut agg = lock(&self.merged.aggregate);
         let mut shards: Vec<_> = (0..self.shards.len()).map(|j| self.shard(j)).collect();
         match self.mode.load(Ordering::Acquire) {
             EMPTY => self.mode.store(i as u64, Ordering::Release),
@@ -923,8 +1013,8 @@ impl ShardedAllocator {
                 }
                 settle(&agg.peak, &mut shards, &self.alarm);
                 self.mode.store(MULTI, Ordering::Release);
-                if let Some(r) = Replayer::spawn(self.aggregate.clone()) {
-                    let _ = self.replayer.set(r);
+                if let Some(r) = Replayers::spawn(self.merged.clone()) {
+                    let _ = self.replayers.set(r);
                 }
             }
         }
@@ -934,17 +1024,13 @@ impl ShardedAllocator {
     /// them), so that nothing changes until the guards are dropped, and — once several shards
     /// are in use — every operation merged into the aggregate. Also the mode.
     fn snapshot(&self) -> (MutexGuard<'_, Aggregate>, Vec<MutexGuard<'_, ShardState>>, u64) {
-        let mut agg = lock(&self.aggregate);
-        agg.catch_up();
+        let mut agg = drain(&self.merged, self.own_replayers());
         let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
         let mode = self.mode.load(Ordering::Acquire);
         if mode == MULTI {
-            for (i, st) in shards.iter_mut().enumerate() {
-                st.close_window();
-                std::mem::swap(&mut agg.taken[i], &mut st.log);
-            }
-            agg.merge_taken();
-            settle(&agg.peak, &mut shards, &self.alarm);
+            agg.cut(&mut shards, &self.alarm);
+            agg.replay_queued(); // the window just cut: no replayer can take it, the lock is held
+            settle(&agg.peak, &mut shards, &self.alarm); // with the exact peaks
         }
         (agg, shards, mode)
     }
