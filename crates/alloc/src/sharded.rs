@@ -28,11 +28,14 @@
 //!     series could have passed its peak in that window (its value where the logs start plus
 //!     every shard's largest rise exceeds the peak), replays the logs in timestamp order onto
 //!     one aggregate, tracking the peaks of those series; otherwise it adds the net changes
-//!     only. Then every shard is bounded again. The replay runs on a thread of its own (the
-//!     *replayer*, started with the second shard; a read of the stats waits for it), so the
-//!     operation that filled a log does not pay for everyone's. It reads logs that other cores
-//!     wrote (and those cores pay to own the lines again), so logs are compact (about 32 bytes
-//!     per operation).
+//!     only. Then every shard is bounded again. The merge only cuts the window (takes the
+//!     logs) and queues it; *replayers*, two threads started with the second shard, replay
+//!     windows — several at once, since each window's logs carry their start values and peaks
+//!     combine by `max` — so the operation that filled a log does not pay for everyone's, and
+//!     one thread's replay speed does not cap the device's. A read of the stats replays what
+//!     is queued and waits for what is in flight. A replay reads logs that other cores wrote
+//!     (and those cores pay to own the lines again), so logs are compact (about 32 bytes per
+//!     operation).
 //!
 //!   The peaks are those of one linear order of all operations, consistent with real time:
 //!   the timestamp is the CPU's invariant time-stamp counter (`rdtscp`, synchronised across
