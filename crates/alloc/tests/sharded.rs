@@ -271,7 +271,7 @@ fn threads_on_their_own_streams() {
 }
 
 /// Eight threads in lock-step rounds: each allocates its size of the round, all wait, each
-/// frees, all wait. The device's true peak is the largest round's total, reached while all
+/// frees, all wait (then many small pairs). The device's true peak is the largest round's total, reached while all
 /// waited — so a peak missed while shards ran unlogged under their ceilings reads low, and a
 /// wrong order of logged operations reads high. Round totals rise and fall, and the thread
 /// with the largest share changes, so shards pass their ceilings (and raise the alarm) many
@@ -280,6 +280,7 @@ fn threads_on_their_own_streams() {
 fn lock_step_rounds_give_the_exact_peak() {
     const THREADS: usize = 8;
     const ROUNDS: usize = 300;
+    const PAIRS: usize = 200;
     // Size of thread t in round r: multiples of 512 (no rounding); even threads in the small
     // pool, odd ones in the large. Every thread's part of a round's total stays well below the
     // total: a new peak is made by all together, not by one shard alone above it.
@@ -323,6 +324,12 @@ fn lock_step_rounds_give_the_exact_peak() {
                     b.wait();
                     m.free(p, stream).unwrap();
                     b.wait();
+                    // With nothing else held, many small pairs (8 × 512 B at most at once, far
+                    // below any round): they cannot move a peak, but while shards log they fill
+                    // logs, so windows are cut and replayed by the replayer threads meanwhile.
+                    for _ in 0..PAIRS {
+                        m.free(m.malloc(512, stream).unwrap(), stream).unwrap();
+                    }
                     if t == 0 && r % 50 == 32 {
                         // Nothing held: much headroom to share.
                         seen.push((r, m.stats().allocated_bytes.all().peak));
@@ -347,4 +354,5 @@ fn lock_step_rounds_give_the_exact_peak() {
     many.check_invariants().unwrap();
     let (merges, replays) = many.merge_counts();
     assert!(replays > 0, "the rising totals were replayed ({merges} merges)");
+    assert!(merges > 20, "logs filled and windows were cut: {merges} merges");
 }
