@@ -720,8 +720,10 @@ struct Replayers {
     threads: Vec<std::thread::Thread>,
     handles: Mutex<Vec<std::thread::JoinHandle<()>>>,
     stop: Arc<AtomicBool>,
-    /// The process that started the threads: a child made by `fork` has none (its merges
-    /// still replay, at the next merge or read; replayers only save time).
+    /// The process that started the threads: a child made by `fork` has none. Its merges
+    /// still replay, at the next merge or read (replayers only save time) — but a window a
+    /// replayer was replaying at the fork is lost to the child's peaks. (CUDA does not support
+    /// a child using the parent's device anyway.)
     pid: u32,
 }
 
