@@ -20,22 +20,21 @@
 //!     window, by how much they rose. One thread driving several streams stays here, and so do
 //!     threads that reach their highs together; threads whose phases drift apart keep making
 //!     totals no earlier moment had, and log.
-//!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on, every shard
+//!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on every shard
 //!     appends to its own log the change of each tracked value after each operation, with a
 //!     timestamp taken under the shard's lock (why that order is exact: at
 //!     `ShardState::record`). A merge (when a log fills, and before every read of the stats)
-//!     takes every shard's log with every shard locked — one window of time — and, if some
-//!     series could have passed its peak in that window (its value where the logs start plus
-//!     every shard's largest rise exceeds the peak), replays the logs in timestamp order onto
-//!     one aggregate, tracking the peaks of those series; otherwise it adds the net changes
-//!     only. Then every shard is bounded again. The merge only cuts the window (takes the
-//!     logs) and queues it; *replayers*, two threads started with the second shard, replay
-//!     windows — several at once, since each window's logs carry their start values and peaks
-//!     combine by `max` — so the operation that filled a log does not pay for everyone's, and
-//!     one thread's replay speed does not cap the device's. A read of the stats replays what
-//!     is queued and waits for what is in flight. A replay reads logs that other cores wrote
-//!     (and those cores pay to own the lines again), so logs are compact (about 32 bytes per
-//!     operation).
+//!     *cuts* a window: with every shard locked it takes every shard's log — one window of
+//!     time — and bounds every shard again. *Replayers*, two threads started with the second
+//!     shard, replay the queued windows, several at once (each window's logs carry their start
+//!     values, and peaks combine by `max`): if some series could have passed its peak in the
+//!     window — its value where the logs start plus every shard's largest rise exceeds the
+//!     peak — the logs are replayed in timestamp order, tracking the peaks of those series;
+//!     otherwise there is nothing to do. So the operation that filled a log does not pay for
+//!     everyone's, and one thread's replay speed does not cap the device's; a read of the stats
+//!     replays what is queued and waits for what is in flight. A replay reads logs that other
+//!     cores wrote (and those cores pay to own the lines again), so logs are compact (about 32
+//!     bytes per operation).
 //!
 //!   The peaks are those of one linear order of all operations, consistent with real time:
 //!   the timestamp is the CPU's invariant time-stamp counter (`rdtscp`, synchronised across
