@@ -292,8 +292,6 @@ struct ShardState {
     /// Per series: how far the shard rose above its value at the end of the last window
     /// (set when a window closes; what [`settle`] shares the headroom by).
     demand: [i64; S],
-    /// The shard to ask first for headroom next time (see [`ShardedAllocator::borrow`]).
-    lender: usize,
 }
 
 // Within one operation every series first falls (events processed, caches released, pages
@@ -325,21 +323,13 @@ impl ShardState {
     /// ceilings, so no peak was passed; from it on every operation is logged, stamped after
     /// its own read (or store) of `alarm`, and each shard's log starts from its values at that
     /// moment (those before its first logged operation). A merge replays from there.
-    ///
-    /// A shard past a ceiling first asks `borrow` for headroom from other shards (see
-    /// [`ShardedAllocator::borrow`]); if it gets enough, the operation stays unlogged — the
-    /// ceilings still sum to at most the peaks, and the operation, which no one saw yet, takes
-    /// place when the borrowing is done.
     #[inline]
-    fn record(&mut self, alarm: &AtomicBool, borrow: impl FnOnce(&mut ShardState, &[i64; N]) -> bool) {
+    fn record(&mut self, alarm: &AtomicBool) {
         let now = match self.tracking {
             Tracking::Solo => return,
             Tracking::Bounded => {
                 let now = currents(&self.engine.stats);
-                let mut over = self.exceeds(&now);
-                if over && borrow(self, &now) {
-                    over = self.exceeds(&now);
-                }
+                let over = self.exceeds(&now);
                 if !over && !alarm.load(Ordering::SeqCst) {
                     self.last = now;
                     return;
@@ -538,10 +528,6 @@ struct Merged {
     /// Notified when the last window in flight is applied.
     idle: Condvar,
 }
-
-/// Shards a shard past its ceilings asks for headroom before it logs (see
-/// [`ShardedAllocator::borrow`]).
-const LENDERS_TRIED: usize = 4;
 
 /// At most this many windows wait for replayers; a merge beyond it replays one itself.
 const QUEUE_MAX: usize = 4;
@@ -866,7 +852,6 @@ impl ShardedAllocator {
                 tracking: Tracking::Solo,
                 ceiling: [0; S],
                 demand: [0; S],
-                lender: 0,
             })));
         }
         Ok(ShardedAllocator {
@@ -937,66 +922,6 @@ impl ShardedAllocator {
 
     fn shard(&self, i: usize) -> MutexGuard<'_, ShardState> {
         lock(&self.shards[i].0)
-    }
-
-    /// [`ShardState::record`] for shard `i` (held by the caller), lending from other shards.
-    #[inline]
-    fn note(&self, i: usize, st: &mut ShardState) {
-        st.record(&self.alarm, |st, now| self.borrow(i, st, now));
-    }
-
-    /// Headroom for shard `i` (held by the caller), which passed ceilings with the values `now`,
-    /// taken from other bounded shards: for each series short, part of a lender's slack (its
-    /// ceiling minus its value — at most all of it, at least what is missing when it has it,
-    /// and half of the rest), lowering the lender's ceiling by what `i`'s rises. The ceilings'
-    /// sum does not change, and no lender's ceiling goes below its value. Lenders are only
-    /// tried (`try_lock`: never waiting while holding a shard, so no cycle), starting after
-    /// the last one asked, at most [`LENDERS_TRIED`] of them. Whether `i` is now within its
-    /// ceilings.
-    #[cold]
-    fn borrow(&self, i: usize, st: &mut ShardState, now: &[i64; N]) -> bool {
-        let values = series_of(now);
-        let mut short = [0i64; S];
-        let mut any = false;
-        for k in 0..S {
-            short[k] = (values[k] - st.ceiling[k]).max(0);
-            any |= short[k] > 0;
-        }
-        let n = self.shards.len();
-        let mut tried = 0;
-        let mut j = st.lender;
-        for _ in 0..n {
-            if !any || tried == LENDERS_TRIED {
-                break;
-            }
-            j = (j + 1) % n;
-            if j == i {
-                continue;
-            }
-            let Ok(mut lender) = self.shards[j].0.try_lock() else {
-                continue;
-            };
-            tried += 1;
-            if lender.tracking != Tracking::Bounded {
-                continue;
-            }
-            let theirs = series_of(&lender.last);
-            any = false;
-            for k in 0..S {
-                if short[k] > 0 {
-                    let slack = lender.ceiling[k] - theirs[k];
-                    if slack > 0 {
-                        let take = slack.min(short[k] + (slack - short[k]).max(0) / 2);
-                        lender.ceiling[k] -= take;
-                        st.ceiling[k] += take;
-                        short[k] = (short[k] - take).max(0);
-                    }
-                    any |= short[k] > 0;
-                }
-            }
-            st.lender = j;
-        }
-        !any
     }
 
     /// After an operation on shard `i` whose log has `len` entries: merge when due (at each
@@ -1130,7 +1055,7 @@ impl ShardedAllocator {
         let mut st = self.shard(i);
         let before = st.engine.stats.allocation.all().current;
         let r = st.engine.try_malloc(size, stream, true);
-        self.note(i, &mut st);
+        st.record(&self.alarm);
         let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         let len = st.log.entries.len();
         drop(st);
@@ -1161,13 +1086,13 @@ impl ShardedAllocator {
                 st.engine.empty_cache()?;
                 // Shard i's release below counts the device's one synchronisation.
                 st.engine.stats.num_sync_all_streams -= 1;
-                st.record(&self.alarm, |_, _| false); // every shard is locked here: none lends
+                st.record(&self.alarm);
             }
         }
         let st = &mut all[i];
         let before = st.engine.stats.allocation.all().current;
         let r = st.engine.malloc_last_resort(size, stream);
-        st.record(&self.alarm, |_, _| false);
+        st.record(&self.alarm);
         let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
         match r {
             Err(e) if e.is_out_of_memory() => Err(self.device_wide_oom(&all, e)),
@@ -1211,7 +1136,7 @@ impl ShardedAllocator {
         let mut st = self.shard(i);
         match st.engine.free(ptr) {
             Ok(()) => {
-                self.note(i, &mut st);
+                st.record(&self.alarm);
                 let last = (st.engine.stats.allocation.all().current == 0).then_some(i);
                 let len = st.log.entries.len();
                 drop(st);
@@ -1241,7 +1166,7 @@ impl ShardedAllocator {
             let mut st = self.shard(i);
             if st.engine.allocated.contains_key(&ptr) {
                 st.engine.free(ptr)?;
-                self.note(i, &mut st);
+                st.record(&self.alarm);
                 return Ok((st.engine.stats.allocation.all().current == 0).then_some(i));
             }
         }
@@ -1265,7 +1190,7 @@ impl ShardedAllocator {
                 // One device-wide synchronisation, as the single engine counts it.
                 st.engine.stats.num_sync_all_streams -= 1;
             }
-            self.note(i, &mut st);
+            st.record(&self.alarm);
         }
         Ok(())
     }
@@ -1413,55 +1338,6 @@ mod tests {
                     proptest::prop_assert!(s >= d);
                 }
             }
-        }
-    }
-
-    proptest::proptest! {
-        /// Borrowing moves headroom, never makes it: every series' ceilings sum to what they
-        /// did, no lender's ceiling ends below its value, and a borrower that is told "enough"
-        /// is within its ceilings.
-        #[test]
-        fn borrowing_keeps_the_sum_of_ceilings(
-            shards in proptest::collection::vec(
-                (proptest::collection::vec(0i64..1 << 30, N), proptest::collection::vec(0i64..1 << 30, S)),
-                2..6,
-            ),
-            rise in proptest::collection::vec(0i64..1 << 31, N),
-        ) {
-            let dev: Arc<dyn Device> = Arc::new(cudamem_device::sim::SimDevice::default());
-            let sh = ShardedAllocator::new(dev, AllocatorConfig::default(), "pytorch").unwrap();
-            for (j, (values, slack)) in shards.iter().enumerate() {
-                let mut st = sh.shard(j);
-                st.tracking = Tracking::Bounded;
-                st.last.copy_from_slice(values);
-                let v = series_of(&st.last);
-                for k in 0..S {
-                    st.ceiling[k] = v[k] + slack[k];
-                }
-            }
-            let sums = |sh: &ShardedAllocator| -> Vec<i64> {
-                (0..S).map(|k| (0..shards.len()).map(|j| sh.shard(j).ceiling[k]).sum()).collect()
-            };
-            let before = sums(&sh);
-            let enough = {
-                let mut st = sh.shard(0);
-                let mut now = st.last;
-                for (x, r) in now.iter_mut().zip(&rise) {
-                    *x += r;
-                }
-                let enough = sh.borrow(0, &mut st, &now);
-                if enough {
-                    proptest::prop_assert!(!st.exceeds(&now));
-                }
-                enough
-            };
-            proptest::prop_assert_eq!(sums(&sh), before);
-            for j in 1..shards.len() {
-                let st = sh.shard(j);
-                let v = series_of(&st.last);
-                proptest::prop_assert!((0..S).all(|k| st.ceiling[k] >= v[k]), "lender {} below its value", j);
-            }
-            let _ = enough;
         }
     }
 
