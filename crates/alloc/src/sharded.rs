@@ -546,10 +546,10 @@ impl Aggregate {
         }
     }
 
-    /// Takes every shard's log (all locked: one window of time, ending now) into the queue,
-    /// notes the device's totals now, and settles the shards again — with the peaks known so
-    /// far, which windows still to replay can only raise (see [`settle`]).
-    fn cut(&mut self, shards: &mut [MutexGuard<'_, ShardState>], alarm: &AtomicBool) {
+    /// Takes every shard's log (all locked: one window of time, ending now) into the queue and
+    /// notes the device's totals now. The caller then [`settle`]s the shards, before it lets
+    /// them go.
+    fn cut(&mut self, shards: &mut [MutexGuard<'_, ShardState>]) {
         let mut logs = self
             .spare
             .pop()
@@ -562,7 +562,6 @@ impl Aggregate {
                 self.current[s] += st.start[s];
             }
         }
-        settle(&self.peak, shards, alarm);
         self.queue.push_back(logs);
     }
 
@@ -583,13 +582,20 @@ impl Aggregate {
         self.spare.push(logs);
     }
 
+    /// Replays the oldest queued window here, under the lock; false if none was queued.
+    fn replay_oldest(&mut self) -> bool {
+        let Some(logs) = self.queue.pop_front() else {
+            return false;
+        };
+        let t = std::time::Instant::now();
+        let r = replay_window(&logs, &self.peak);
+        self.apply(logs, r, t.elapsed().as_nanos() as u64);
+        true
+    }
+
     /// Replays every queued window here, under the lock.
     fn replay_queued(&mut self) {
-        while let Some(logs) = self.queue.pop_front() {
-            let t = std::time::Instant::now();
-            let r = replay_window(&logs, &self.peak);
-            self.apply(logs, r, t.elapsed().as_nanos() as u64);
-        }
+        while self.replay_oldest() {}
     }
 }
 
@@ -946,7 +952,9 @@ impl ShardedAllocator {
     fn merge(&self, mut agg: MutexGuard<'_, Aggregate>) {
         {
             let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
-            agg.cut(&mut shards, &self.alarm);
+            agg.cut(&mut shards);
+            // With the peaks known so far, which windows still to replay can only raise.
+            settle(&agg.peak, &mut shards, &self.alarm);
         }
         match self.replayers.get() {
             Some(r) if agg.queue.len() <= QUEUE_MAX => {
@@ -955,11 +963,7 @@ impl ShardedAllocator {
             }
             _ => {
                 // Only the oldest: the replayers are on the others.
-                if let Some(logs) = agg.queue.pop_front() {
-                    let t = std::time::Instant::now();
-                    let r = replay_window(&logs, &agg.peak);
-                    agg.apply(logs, r, t.elapsed().as_nanos() as u64);
-                }
+                agg.replay_oldest();
             }
         }
     }
@@ -1032,7 +1036,7 @@ impl ShardedAllocator {
         let mut shards: Vec<_> = (0..self.shards.len()).map(|i| self.shard(i)).collect();
         let mode = self.mode.load(Ordering::Acquire);
         if mode == MULTI {
-            agg.cut(&mut shards, &self.alarm);
+            agg.cut(&mut shards);
             agg.replay_queued(); // the window just cut: no replayer can take it, the lock is held
             settle(&agg.peak, &mut shards, &self.alarm); // with the exact peaks
         }
