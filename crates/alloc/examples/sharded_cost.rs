@@ -43,7 +43,8 @@ fn main() {
     let only = std::env::args().nth(1);
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
     if only.as_deref() == Some("threads") {
-        threads();
+        // `sharded_cost threads sharded`: the sharded allocator only (A/B runs).
+        threads(std::env::args().nth(2).as_deref() == Some("sharded"));
         return;
     }
     if let Some(case) = only.as_deref() {
@@ -85,13 +86,13 @@ fn main() {
 /// `sharded_cost threads`: 1, 2, 4 and 8 threads (as many as there are cores) on their own
 /// streams, each doing cache-hit alloc+free pairs of 512 B–4 MiB with nothing else live (the
 /// criterion `threads` group's loop), one lock vs sharded; pairs per second of all threads, and
-/// the merges behind them.
-fn threads() {
+/// the merges behind them; `sharded_only` skips the one-lock runs.
+fn threads(sharded_only: bool) {
     const PER_THREAD: usize = 1_000_000;
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for n in [1usize, 2, 4, 8].into_iter().filter(|&n| n == 1 || n <= cores) {
-        for sharded in [false, true] {
+        for sharded in [false, true].into_iter().filter(|&s| s || !sharded_only) {
             let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
             let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
             // Two streams seen, so that one thread logs as it would next to another.

@@ -33,7 +33,7 @@ use crate::error::{AllocError, OutOfMemory};
 use crate::history::{Action, History};
 use crate::policy::Policy;
 use crate::segment::{Backing, Segment, SegmentTable};
-use crate::stats::DeviceStats;
+use crate::stats::{Array, DeviceStats};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
 pub const ONE_EXABYTE: u64 = 1 << 60;
@@ -80,7 +80,24 @@ pub struct Engine {
     pub(crate) current_stack: Option<u32>,
     /// The most memory ever obtained from the device (not reset by `reset_peak_memory_stats`).
     reclaim_watermark: u64,
+    /// Which per-pool `current` values (see [`tracked_bit`]) a change may have touched since
+    /// [`crate::sharded`] last took this mask: it reads only those after each operation,
+    /// instead of all twenty. Every change of those values goes through [`Engine::stat_up`],
+    /// [`Engine::stat_down`] or [`Engine::stat_change`], or sets the oversize bits beside it.
+    pub(crate) changed: u32,
 }
+
+/// The bit of array `a`'s small-pool (`2a`) or large-pool (`2a + 1`) value in
+/// [`Engine::changed`] — the order of [`DeviceStats::arrays`], which the sharded allocator's
+/// tracked values follow.
+#[inline]
+pub(crate) const fn tracked_bit(a: Array, small: bool) -> u32 {
+    1 << (2 * a as u32 + !small as u32)
+}
+/// The bit of `oversize_allocations` in [`Engine::changed`].
+pub(crate) const OVERSIZE_ALLOCATIONS: u32 = 1 << 18;
+/// The bit of `oversize_segments` in [`Engine::changed`].
+pub(crate) const OVERSIZE_SEGMENTS: u32 = 1 << 19;
 
 impl Engine {
     /// An empty allocator for `device`.
@@ -101,6 +118,7 @@ impl Engine {
             history: History::default(),
             current_stack: None,
             reclaim_watermark: 0,
+            changed: 0,
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;
@@ -120,6 +138,27 @@ impl Engine {
             };
             self.history.push(action, addr, size, stream.0, stack);
         }
+    }
+
+    /// Increases array `a`'s `all` and pool values by `n`, noting which changed.
+    #[inline]
+    fn stat_up(&mut self, a: Array, small: bool, n: u64) {
+        self.stats.array_mut(a).increase(small, n);
+        self.changed |= tracked_bit(a, small);
+    }
+
+    /// Decreases them by `n`, noting which changed.
+    #[inline]
+    fn stat_down(&mut self, a: Array, small: bool, n: u64) {
+        self.stats.array_mut(a).decrease(small, n);
+        self.changed |= tracked_bit(a, small);
+    }
+
+    /// Changes them by a signed amount, noting which changed.
+    #[inline]
+    fn stat_change(&mut self, a: Array, small: bool, delta: i64) {
+        self.stats.array_mut(a).change(small, delta);
+        self.changed |= tracked_bit(a, small);
     }
 
     #[inline]
@@ -351,10 +390,11 @@ impl Engine {
             .blocks
             .insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
         let small = self.is_small(req.pool);
-        self.stats.segment.increase(small, 1);
-        self.stats.reserved_bytes.increase(small, size);
+        self.stat_up(Array::Segment, small, 1);
+        self.stat_up(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
             self.stats.oversize_segments.increase(1);
+            self.changed |= OVERSIZE_SEGMENTS;
         }
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
@@ -417,16 +457,16 @@ impl Engine {
             self.insert_free(remaining);
             if !expandable {
                 if already_split {
-                    self.stats.inactive_split_bytes.decrease(small, req.size);
+                    self.stat_down(Array::InactiveSplitBytes, small, req.size);
                 } else {
-                    self.stats.inactive_split_bytes.increase(small, rsize);
-                    self.stats.inactive_split.increase(small, 1);
+                    self.stat_up(Array::InactiveSplitBytes, small, rsize);
+                    self.stat_up(Array::InactiveSplit, small, 1);
                 }
             }
         } else if already_split && !expandable {
             let bsize = self.blocks[block].size;
-            self.stats.inactive_split_bytes.decrease(small, bsize);
-            self.stats.inactive_split.decrease(small, 1);
+            self.stat_down(Array::InactiveSplitBytes, small, bsize);
+            self.stat_down(Array::InactiveSplit, small, 1);
         }
         let stack = self.current_stack;
         let b = &mut self.blocks[block];
@@ -436,16 +476,17 @@ impl Engine {
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
         self.trace(Action::Alloc, addr, orig_size, stream, stack);
         self.allocated.insert(addr, block);
-        self.stats.allocation.increase(small, 1);
-        self.stats.allocated_bytes.increase(small, bsize);
-        self.stats.active.increase(small, 1);
-        self.stats.active_bytes.increase(small, bsize);
-        self.stats.requested_bytes.increase(small, orig_size);
+        self.stat_up(Array::Allocation, small, 1);
+        self.stat_up(Array::AllocatedBytes, small, bsize);
+        self.stat_up(Array::Active, small, 1);
+        self.stat_up(Array::ActiveBytes, small, bsize);
+        self.stat_up(Array::RequestedBytes, small, orig_size);
         // Remember the decision: max_split_size may change before the free.
         let oversize = bsize >= self.config.max_split_size;
         self.blocks[block].oversize = oversize;
         if oversize {
             self.stats.oversize_allocations.increase(1);
+            self.changed |= OVERSIZE_ALLOCATIONS;
         }
         addr
     }
@@ -564,7 +605,7 @@ impl Engine {
         self.total_allocated_memory += msize;
         self.reclaim_watermark = self.reclaim_watermark.max(self.total_allocated_memory);
         let small = self.is_small(pool);
-        self.stats.reserved_bytes.increase(small, msize);
+        self.stat_up(Array::ReservedBytes, small, msize);
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentMap, mptr, msize, stream, self.current_stack);
         Ok(true)
@@ -639,7 +680,7 @@ impl Engine {
         self.insert_free(id);
         self.total_allocated_memory -= usize_;
         let small = self.is_small(pool);
-        self.stats.reserved_bytes.decrease(small, usize_);
+        self.stat_down(Array::ReservedBytes, small, usize_);
         self.stats.num_device_free += 1;
         self.trace(Action::SegmentUnmap, uptr, usize_, stream, self.current_stack);
         Ok(())
@@ -693,8 +734,8 @@ impl Engine {
         let b = &mut self.blocks[id];
         b.allocated = false;
         let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
-        self.stats.allocation.decrease(small, 1);
-        self.stats.allocated_bytes.decrease(small, size);
+        self.stat_down(Array::Allocation, small, 1);
+        self.stat_down(Array::AllocatedBytes, small, size);
         let free_stack = if self.history.context >= crate::history::RecordContext::All {
             self.current_stack
         } else {
@@ -703,6 +744,7 @@ impl Engine {
         self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
         if std::mem::take(&mut self.blocks[id].oversize) {
             self.stats.oversize_allocations.decrease(1);
+            self.changed |= OVERSIZE_ALLOCATIONS;
         }
         if self.blocks[id].stream_uses.is_none() {
             self.free_block(id);
@@ -757,12 +799,12 @@ impl Engine {
         }
         let small = self.is_small(pool);
         if !expandable {
-            self.stats.inactive_split.change(small, net_blocks);
-            self.stats.inactive_split_bytes.change(small, net_bytes);
+            self.stat_change(Array::InactiveSplit, small, net_blocks);
+            self.stat_change(Array::InactiveSplitBytes, small, net_bytes);
         }
-        self.stats.active.decrease(small, 1);
-        self.stats.active_bytes.decrease(small, original_size);
-        self.stats.requested_bytes.decrease(small, requested);
+        self.stat_down(Array::Active, small, 1);
+        self.stat_down(Array::ActiveBytes, small, original_size);
+        self.stat_down(Array::RequestedBytes, small, requested);
     }
 
     /// Merges the free neighbour `src` into `dst` (PyTorch `try_merge_blocks`); returns the bytes
@@ -955,10 +997,11 @@ impl Engine {
         self.trace(Action::SegmentFree, addr, size, stream, seg_stack);
         self.total_allocated_memory -= size;
         let small = self.is_small(pool);
-        self.stats.segment.decrease(small, 1);
-        self.stats.reserved_bytes.decrease(small, size);
+        self.stat_down(Array::Segment, small, 1);
+        self.stat_down(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
             self.stats.oversize_segments.decrease(1);
+            self.changed |= OVERSIZE_SEGMENTS;
         }
         self.remove_free(id);
         self.blocks.remove(id);

@@ -104,6 +104,58 @@ impl StatArray {
     }
 }
 
+/// The nine arrays, each named by its place in [`DeviceStats::arrays`]' order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Array {
+    Active = 0,
+    ActiveBytes = 1,
+    AllocatedBytes = 2,
+    Allocation = 3,
+    InactiveSplit = 4,
+    InactiveSplitBytes = 5,
+    RequestedBytes = 6,
+    ReservedBytes = 7,
+    Segment = 8,
+}
+
+/// How many per-pool values [`DeviceStats::pool_value`] numbers: 9 arrays × (small, large),
+/// then the two oversize counters.
+pub(crate) const POOL_VALUES: usize = 20;
+
+/// Byte offsets in [`DeviceStats`] of the arrays, in [`DeviceStats::arrays`]' order.
+const ARRAY_OFFSETS: [usize; 9] = {
+    use std::mem::offset_of;
+    [
+        offset_of!(DeviceStats, active),
+        offset_of!(DeviceStats, active_bytes),
+        offset_of!(DeviceStats, allocated_bytes),
+        offset_of!(DeviceStats, allocation),
+        offset_of!(DeviceStats, inactive_split),
+        offset_of!(DeviceStats, inactive_split_bytes),
+        offset_of!(DeviceStats, requested_bytes),
+        offset_of!(DeviceStats, reserved_bytes),
+        offset_of!(DeviceStats, segment),
+    ]
+};
+
+/// Byte offset of `current` of the stat `k` (0 all, 1 small, 2 large) of an array at `array`.
+const fn current_offset(array: usize, k: usize) -> usize {
+    array + std::mem::offset_of!(StatArray, 0) + k * std::mem::size_of::<Stat>() + std::mem::offset_of!(Stat, current)
+}
+
+/// Byte offsets of the values [`DeviceStats::pool_value`] reads.
+const POOL_VALUE_OFFSETS: [usize; POOL_VALUES] = {
+    let mut out = [0; POOL_VALUES];
+    let mut i = 0;
+    while i < 18 {
+        out[i] = current_offset(ARRAY_OFFSETS[i / 2], 1 + i % 2);
+        i += 1;
+    }
+    out[18] = std::mem::offset_of!(DeviceStats, oversize_allocations) + std::mem::offset_of!(Stat, current);
+    out[19] = std::mem::offset_of!(DeviceStats, oversize_segments) + std::mem::offset_of!(Stat, current);
+    out
+};
+
 /// PyTorch's `DeviceStats`: everything `memory_stats()` reports for one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -185,6 +237,35 @@ impl DeviceStats {
             ("reserved_bytes", &self.reserved_bytes),
             ("segment", &self.segment),
         ]
+    }
+
+    /// Per-pool value `i` (see [`POOL_VALUES`]): `current` of array `i / 2`'s small (even `i`)
+    /// or large (odd) pool, in [`Self::arrays`]' order; then `oversize_allocations` (18) and
+    /// `oversize_segments` (19). On the sharded allocator's hot path, for the few values an
+    /// operation touched: one load at an offset from a table, where a `match` made an indirect
+    /// jump per value.
+    #[inline]
+    pub(crate) fn pool_value(&self, i: usize) -> i64 {
+        let offset = POOL_VALUE_OFFSETS[i];
+        // SAFETY: the table holds `offset_of!` offsets of `i64` fields of `DeviceStats` (the
+        // `current`s listed above), so the read is in bounds, aligned and of an `i64`.
+        unsafe { *(self as *const DeviceStats).cast::<u8>().add(offset).cast::<i64>() }
+    }
+
+    /// The array named `a`, mutable.
+    #[inline]
+    pub(crate) fn array_mut(&mut self, a: Array) -> &mut StatArray {
+        match a {
+            Array::Active => &mut self.active,
+            Array::ActiveBytes => &mut self.active_bytes,
+            Array::AllocatedBytes => &mut self.allocated_bytes,
+            Array::Allocation => &mut self.allocation,
+            Array::InactiveSplit => &mut self.inactive_split,
+            Array::InactiveSplitBytes => &mut self.inactive_split_bytes,
+            Array::RequestedBytes => &mut self.requested_bytes,
+            Array::ReservedBytes => &mut self.reserved_bytes,
+            Array::Segment => &mut self.segment,
+        }
     }
 
     /// The same arrays, mutable, in the same order.
@@ -269,6 +350,19 @@ mod tests {
         assert_eq!(d["max_split_size"], -1);
         s.reset_peak();
         assert_eq!(s.allocated_bytes.all().peak, 512);
+        // The offset tables read the fields they name.
+        let mut t = DeviceStats::new(u64::MAX);
+        for (k, arr) in t.arrays_mut().into_iter().enumerate() {
+            arr.increase(true, 1 + 2 * k as u64);
+            arr.increase(false, 100 + k as u64);
+        }
+        t.oversize_allocations.increase(7);
+        t.oversize_segments.increase(9);
+        for (a, (_, arr)) in t.arrays().into_iter().enumerate() {
+            assert_eq!(t.pool_value(2 * a), arr.small_pool().current);
+            assert_eq!(t.pool_value(2 * a + 1), arr.large_pool().current);
+        }
+        assert_eq!((t.pool_value(18), t.pool_value(19)), (7, 9));
         s.reset_accumulated();
         assert_eq!(s.allocated_bytes.all().allocated, 0);
         assert_eq!(s.allocated_bytes.all().current, 512);
