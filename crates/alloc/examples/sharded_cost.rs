@@ -107,8 +107,9 @@ fn threads(sharded_only: bool) {
                 rate / 1e6,
                 if sharded {
                     format!(
-                        " ({merges} merges, {replays} replaying, {:.1} ms replaying)",
-                        sh.replay_time_ns() as f64 / 1e6
+                        " ({merges} merges, {replays} replaying, {:.1} ms replaying; {:.0}% of operations logged)",
+                        sh.replay_time_ns() as f64 / 1e6,
+                        100.0 * sh.logged_operations() as f64 / (2 * n * PER_THREAD) as f64
                     )
                 } else {
                     String::new()

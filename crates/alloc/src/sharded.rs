@@ -292,6 +292,12 @@ struct ShardState {
     /// Per series: how far the shard rose above its value at the end of the last window
     /// (set when a window closes; what [`settle`] shares the headroom by).
     demand: [i64; S],
+    /// Whether the shard has been used since several shards are (or was the one before). An
+    /// unused shard holds nothing — no memory, no log — and its ceilings are its values (0), so
+    /// its first operation that changes a tracked value passes them and logs (see
+    /// [`ShardState::start_logging`], which sets this). Merges skip unused shards but for their
+    /// locks: most of [`SHARDS`] usually are.
+    used: bool,
 }
 
 // Within one operation every series first falls (events processed, caches released, pages
@@ -412,6 +418,7 @@ impl ShardState {
         if over {
             alarm.store(true, Ordering::SeqCst);
         }
+        self.used = true;
         self.start = series_of(&self.last);
         // Rises are counted from here: the operation's end value is its highest point.
         self.engine.stats.reset_peak();
@@ -451,21 +458,30 @@ impl ShardState {
 /// the window after the shards run again): a total above it is a value the device had, so the
 /// peak is at least that.
 fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &AtomicBool) {
-    let mut current = vec![0i64; shards.len()];
-    let mut demand = vec![0i64; shards.len()];
-    let mut share = vec![0i64; shards.len()];
-    for (k, &peak) in peak.iter().enumerate() {
-        for (i, st) in shards.iter().enumerate() {
-            current[i] = st.start[k];
-            demand[i] = st.demand[k];
-        }
-        headroom_shares(peak, &current, &demand, &mut share);
-        for (st, s) in shards.iter_mut().zip(&share) {
-            st.ceiling[k] = st.start[k] + s;
+    // The used shards only: an unused one keeps its ceilings at its values, 0.
+    let mut used = [0usize; SHARDS];
+    let mut n = 0;
+    for (i, st) in shards.iter().enumerate() {
+        if st.used {
+            used[n] = i;
+            n += 1;
         }
     }
-    for st in shards.iter_mut() {
-        let st: &mut ShardState = st;
+    let used = &used[..n];
+    let (mut current, mut demand, mut share) = ([0i64; SHARDS], [0i64; SHARDS], [0i64; SHARDS]);
+    for (k, &peak) in peak.iter().enumerate() {
+        for (j, &i) in used.iter().enumerate() {
+            current[j] = shards[i].start[k];
+            demand[j] = shards[i].demand[k];
+        }
+        headroom_shares(peak, &current[..n], &demand[..n], &mut share[..n]);
+        for (j, &i) in used.iter().enumerate() {
+            let st = &mut shards[i];
+            st.ceiling[k] = st.start[k] + share[j];
+        }
+    }
+    for &i in used {
+        let st: &mut ShardState = &mut shards[i];
         st.last.copy_from_slice(&st.start[..N]);
         st.tracking = Tracking::Bounded;
     }
@@ -536,6 +552,8 @@ struct Aggregate {
     merges: u64,
     /// Time spent replaying, ns.
     replay_ns: u64,
+    /// Log entries cut (operations logged, and the rare rebase entry).
+    logged: u64,
 }
 
 /// The aggregate, and what tells a reader that the replayers have finished.
@@ -560,6 +578,7 @@ impl Aggregate {
             replays: 0,
             merges: 0,
             replay_ns: 0,
+            logged: 0,
         }
     }
 
@@ -573,8 +592,14 @@ impl Aggregate {
             .unwrap_or_else(|| (0..shards.len()).map(|_| Log::default()).collect());
         self.current = [0; S];
         for (st, log) in shards.iter_mut().zip(logs.iter_mut()) {
+            if !st.used {
+                // Nothing to take: its log is empty, its values 0 (and so is the `start` of
+                // this slot's log, which only this shard's windows ever filled).
+                continue;
+            }
             st.close_window();
             std::mem::swap(log, &mut st.log);
+            self.logged += log.entries.len() as u64;
             for s in 0..S {
                 self.current[s] += st.start[s];
             }
@@ -875,6 +900,7 @@ impl ShardedAllocator {
                 tracking: Tracking::Solo,
                 ceiling: [0; S],
                 demand: [0; S],
+                used: false,
             })));
         }
         Ok(ShardedAllocator {
@@ -997,6 +1023,12 @@ impl ShardedAllocator {
         (agg.merges, agg.replays)
     }
 
+    /// Operations logged so far (the others stayed under their shards' ceilings: see the module
+    /// documentation). For benchmarks.
+    pub fn logged_operations(&self) -> u64 {
+        drain(&self.merged, self.own_replayers()).logged
+    }
+
     /// Time spent replaying logged operations, in ns, summed over replayers (for benchmarks).
     pub fn replay_time_ns(&self) -> u64 {
         drain(&self.merged, self.own_replayers()).replay_ns
@@ -1033,9 +1065,12 @@ impl ShardedAllocator {
                 }
                 agg.peak[18] = s.oversize_allocations.peak;
                 agg.peak[19] = s.oversize_segments.peak;
+                // The others are unused: `Bounded` at ceilings 0 from here on.
                 for st in shards.iter_mut() {
-                    st.close_window();
+                    st.tracking = Tracking::Bounded;
                 }
+                shards[solo as usize].used = true;
+                shards[solo as usize].close_window();
                 settle(&agg.peak, &mut shards, &self.alarm);
                 self.mode.store(MULTI, Ordering::Release);
                 if let Some(r) = Replayers::spawn(self.merged.clone()) {

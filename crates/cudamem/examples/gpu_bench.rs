@@ -375,10 +375,11 @@ fn run(
             let (merges, replays) = sh.merge_counts();
             println!();
             println!(
-                "sharded: stats clock {} ({:.1} ns a read); {merges} merges of the stat logs, {replays} of them replaying operations one by one ({:.1} ms replaying in all)",
+                "sharded: stats clock {} ({:.1} ns a read); {merges} merges of the stat logs, {replays} of them replaying operations one by one ({:.1} ms replaying in all); {} operations logged in all",
                 cudamem::ShardedAllocator::clock_kind(),
                 cudamem::ShardedAllocator::clock_cost_ns(),
-                sh.replay_time_ns() as f64 / 1e6
+                sh.replay_time_ns() as f64 / 1e6,
+                sh.logged_operations()
             );
         }
         for al in allocs {
