@@ -23,9 +23,12 @@
 //!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on every shard
 //!     appends to its own log the change of each tracked value after each operation, with a
 //!     timestamp taken under the shard's lock (why that order is exact: at
-//!     `ShardState::record`). A merge (when a log fills, and before every read of the stats)
-//!     *cuts* a window: with every shard locked it takes every shard's log — one window of
-//!     time — and bounds every shard again. *Replayers*, two threads started with the second
+//!     `ShardState::record`). It reads only the values the operation touched: the engine
+//!     notes each one as it changes it (`Engine::changed`, one OR per stat update), which a
+//!     property test holds it to. A merge (when a log fills, and before every read of the
+//!     stats) *cuts* a window: with every shard locked it takes every shard's log — one window
+//!     of time — and bounds every shard again (only the shards ever used do any work: the
+//!     others hold nothing, keep ceilings of 0, and log from their first operation). *Replayers*, two threads started with the second
 //!     shard, replay the queued windows, several at once (each window's logs carry their start
 //!     values, and peaks combine by `max`): if some series could have passed its peak in the
 //!     window — its value where the logs start plus every shard's largest rise exceeds the
