@@ -284,8 +284,12 @@ enum Tracking {
 struct ShardState {
     engine: Engine,
     log: Log,
-    /// The tracked values after the last operation (`Bounded`, `Logged`).
-    last: [i64; N],
+    /// The tracked values after the last operation (`Bounded`, `Logged`) are `values[live]`.
+    /// A bounded check writes the new ones into the other half and makes it live only if the
+    /// shard stays bounded — so a shard that starts logging still has its values from before
+    /// the operation, and the check costs no copy.
+    values: [[i64; N]; 2],
+    live: usize,
     /// Every series' value where the log window began (or, after the window closed, where
     /// the next one begins).
     start: [i64; S],
@@ -347,10 +351,10 @@ impl ShardState {
             Tracking::Solo => return,
             Tracking::Bounded => {
                 // All twenty values, straight-line: cheaper here than visiting the changed ones.
-                let now = currents(&self.engine.stats);
-                let over = self.exceeds(&now);
+                let next = 1 - self.live;
+                let over = self.exceeds_into(next);
                 if !over && !alarm.load(Ordering::SeqCst) {
-                    self.last = now;
+                    self.live = next;
                     self.engine.changed = 0;
                     return;
                 }
@@ -379,16 +383,17 @@ impl ShardState {
         }
         log.deltas.reserve(3 * N);
         let s = &self.engine.stats;
+        let last = &mut self.values[self.live];
         let (mut mask, mut m) = (0u32, changed);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             let now = s.pool_value(i);
-            let d = now - self.last[i];
+            let d = now - last[i];
             if d != 0 {
                 mask |= 1 << i;
                 push_delta(&mut log.deltas, d);
-                self.last[i] = now;
+                last[i] = now;
             }
         }
         // (An operation whose changes cancelled out leaves no entry; its stamp goes unused.)
@@ -397,20 +402,24 @@ impl ShardState {
         }
     }
 
-    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling. (On the
-    /// hot path: values and ceilings are in [0, 2⁶³), so `ceiling − value` is negative exactly
-    /// when the value is above, and the sign bit of one OR answers for all 29.)
+    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling, having
+    /// written the values into `values[half]`. (On the hot path: values and ceilings are in
+    /// [0, 2⁶³), so `ceiling − value` is negative exactly when the value is above, and the sign
+    /// bit of one OR answers for all 29.)
     #[inline]
-    fn exceeds(&self, now: &[i64; N]) -> bool {
-        let c = &self.ceiling;
-        let mut acc = 0i64;
+    fn exceeds_into(&mut self, half: usize) -> bool {
+        let (s, c) = (&self.engine.stats, &self.ceiling);
+        let out = &mut self.values[half];
+        let mut over = false;
         for i in 0..N {
-            acc |= c[i].wrapping_sub(now[i]);
+            let v = s.pool_value(i);
+            out[i] = v;
+            over |= v > c[i];
         }
         for a in 0..9 {
-            acc |= c[N + a].wrapping_sub(now[2 * a] + now[2 * a + 1]);
+            over |= out[2 * a] + out[2 * a + 1] > c[N + a];
         }
-        acc < 0
+        over
     }
 
     /// `Bounded` → `Logged`, before the operation just done: raise `alarm` (with a full
@@ -422,7 +431,7 @@ impl ShardState {
             alarm.store(true, Ordering::SeqCst);
         }
         self.used = true;
-        self.start = series_of(&self.last);
+        self.start = series_of(&self.values[self.live]);
         // Rises are counted from here: the operation's end value is its highest point.
         self.engine.stats.reset_peak();
         self.tracking = Tracking::Logged;
@@ -485,7 +494,8 @@ fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &At
     }
     for &i in used {
         let st: &mut ShardState = &mut shards[i];
-        st.last.copy_from_slice(&st.start[..N]);
+        let live = st.live;
+        st.values[live].copy_from_slice(&st.start[..N]);
         st.tracking = Tracking::Bounded;
     }
     alarm.store(false, Ordering::SeqCst);
@@ -898,7 +908,8 @@ impl ShardedAllocator {
             shards.push(Shard(Mutex::new(ShardState {
                 engine: Engine::new(device.clone(), cfg, p),
                 log: Log::default(),
-                last: [0; N],
+                values: [[0; N]; 2],
+                live: 0,
                 start: [0; S],
                 tracking: Tracking::Solo,
                 ceiling: [0; S],
