@@ -244,6 +244,22 @@ fn push_delta(deltas: &mut Vec<i32>, d: i64) {
     }
 }
 
+/// [`push_delta`] into space already reserved (`out` has room for the longest form); returns
+/// the words written.
+#[inline(always)]
+fn write_delta(out: &mut [std::mem::MaybeUninit<i32>], d: i64) -> usize {
+    // One unsigned comparison for "fits in an i32 other than i32::MIN".
+    if (d.wrapping_add(i32::MAX as i64) as u64) < u32::MAX as u64 {
+        out[0].write(d as i32);
+        1
+    } else {
+        out[0].write(i32::MIN);
+        out[1].write(d as i32);
+        out[2].write((d >> 32) as i32);
+        3
+    }
+}
+
 /// Reads the change at `*at` (written by [`push_delta`]) and moves past it.
 #[inline]
 fn read_delta(deltas: &[i32], at: &mut usize) -> i64 {
@@ -381,10 +397,14 @@ impl ShardState {
             log.base = t;
             offset = 0;
         }
+        // The changes go straight into reserved space (at most 3 words for each of N values),
+        // with one length update: a push per change checked the capacity each time.
         log.deltas.reserve(3 * N);
+        let len = log.deltas.len();
+        let spare = &mut log.deltas.spare_capacity_mut()[..3 * N];
         let s = &self.engine.stats;
         let last = &mut self.values[self.live];
-        let (mut mask, mut m) = (0u32, changed);
+        let (mut mask, mut m, mut k) = (0u32, changed, 0usize);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
@@ -392,10 +412,12 @@ impl ShardState {
             let d = now - last[i];
             if d != 0 {
                 mask |= 1 << i;
-                push_delta(&mut log.deltas, d);
+                k += write_delta(&mut spare[k..k + 3], d);
                 last[i] = now;
             }
         }
+        // SAFETY: the first `k` words of the spare capacity were just written.
+        unsafe { log.deltas.set_len(len + k) };
         // (An operation whose changes cancelled out leaves no entry; its stamp goes unused.)
         if mask != 0 {
             log.entries.push((offset as u32, mask));
@@ -1486,6 +1508,15 @@ mod tests {
             assert_eq!(read_delta(&deltas, &mut at), v);
         }
         assert_eq!(at, deltas.len());
+        // The hot path's writer produces the same words.
+        let mut written = Vec::new();
+        for &v in &values {
+            let mut out = [std::mem::MaybeUninit::<i32>::uninit(); 3];
+            let n = write_delta(&mut out, v);
+            // SAFETY: `write_delta` wrote the first `n` words.
+            written.extend(out[..n].iter().map(|w| unsafe { w.assume_init() }));
+        }
+        assert_eq!(written, deltas);
     }
 
     #[test]
