@@ -1431,7 +1431,8 @@ mod tests {
                 match kind {
                     0..=3 => {
                         let stream = StreamId(1 + (pick % 2) as u64);
-                        if let Ok(p) = e.malloc(size >> (pick % 16), stream) {
+                        // (Size 0 gives address 0: nothing to free or record.)
+                        if let Ok(p @ 1..) = e.malloc(size >> (pick % 16), stream) {
                             live.push((p, stream));
                         }
                     }
