@@ -382,24 +382,19 @@ impl ShardState {
         let spare = &mut log.deltas.spare_capacity_mut()[..3 * N];
         let s = &self.engine.stats;
         let last = &mut self.values[self.live];
-        let (mut mask, mut m, mut k) = (0u32, changed, 0usize);
+        // Every noted value gets a change, 0 included (a value changed and changed back within
+        // the operation: rare, and harmless to a replay), so the mask is the engine's.
+        let (mut m, mut k) = (changed, 0usize);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
             let now = s.pool_value(i);
-            let d = now - last[i];
-            if d != 0 {
-                mask |= 1 << i;
-                k += write_delta(&mut spare[k..k + 3], d);
-                last[i] = now;
-            }
+            k += write_delta(&mut spare[k..k + 3], now - last[i]);
+            last[i] = now;
         }
         // SAFETY: the first `k` words of the spare capacity were just written.
         unsafe { log.deltas.set_len(len + k) };
-        // (An operation whose changes cancelled out leaves no entry; its stamp goes unused.)
-        if mask != 0 {
-            log.entries.push((offset as u32, mask));
-        }
+        log.entries.push((offset as u32, changed));
     }
 
     /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling, having
