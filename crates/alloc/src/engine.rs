@@ -33,7 +33,7 @@ use crate::error::{AllocError, OutOfMemory};
 use crate::history::{Action, History};
 use crate::policy::Policy;
 use crate::segment::{Backing, Segment, SegmentTable};
-use crate::stats::{Array, DeviceStats};
+use crate::stats::{Array, DeviceStats, NoSink, StatSink, OVERSIZE_ALLOCATIONS, OVERSIZE_SEGMENTS};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
 pub const ONE_EXABYTE: u64 = 1 << 60;
@@ -57,9 +57,10 @@ pub(crate) enum Attempt {
     NeedsDeviceRelease,
 }
 
-/// The allocator state of one device. See the [module documentation](self).
+/// The allocator state of one device. See the [module documentation](self). `S` hears of
+/// every change of a per-pool stat value (see [`StatSink`]); the default hears nothing.
 #[derive(Debug)]
-pub struct Engine {
+pub struct Engine<S: StatSink = NoSink> {
     pub(crate) device: Arc<dyn Device>,
     pub(crate) policy: Box<dyn Policy>,
     pub(crate) config: AllocatorConfig,
@@ -80,26 +81,20 @@ pub struct Engine {
     pub(crate) current_stack: Option<u32>,
     /// The most memory ever obtained from the device (not reset by `reset_peak_memory_stats`).
     reclaim_watermark: u64,
-    /// Which per-pool `current` values (see [`tracked_bit`]) a change may have touched since
-    /// [`crate::sharded`] last took this mask: it reads only those after each operation,
-    /// instead of all twenty. Every change of those values goes through [`Engine::stat_up`],
-    /// [`Engine::stat_down`] or [`Engine::stat_change`], or sets the oversize bits beside it.
-    pub(crate) changed: u32,
+    /// Hears every change of a per-pool value: each goes through [`Engine::stat_up`],
+    /// [`Engine::stat_down`] or [`Engine::stat_change`], or tells it beside the oversize
+    /// counters' changes.
+    pub(crate) sink: S,
 }
 
-/// The bit of array `a`'s small-pool (`2a`) or large-pool (`2a + 1`) value in
-/// [`Engine::changed`] — the order of [`DeviceStats::arrays`], which the sharded allocator's
-/// tracked values follow.
+/// The number of array `a`'s small-pool (`2a`) or large-pool (`2a + 1`) value, as
+/// [`DeviceStats::pool_value`] numbers them.
 #[inline]
-pub(crate) const fn tracked_bit(a: Array, small: bool) -> u32 {
-    1 << (2 * a as u32 + !small as u32)
+const fn pool_value_index(a: Array, small: bool) -> usize {
+    2 * a as usize + !small as usize
 }
-/// The bit of `oversize_allocations` in [`Engine::changed`].
-pub(crate) const OVERSIZE_ALLOCATIONS: u32 = 1 << 18;
-/// The bit of `oversize_segments` in [`Engine::changed`].
-pub(crate) const OVERSIZE_SEGMENTS: u32 = 1 << 19;
 
-impl Engine {
+impl<S: StatSink> Engine<S> {
     /// An empty allocator for `device`.
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
         let pools = policy.pools().iter().map(|p| Pool::new(p.is_small)).collect();
@@ -118,7 +113,7 @@ impl Engine {
             history: History::default(),
             current_stack: None,
             reclaim_watermark: 0,
-            changed: 0,
+            sink: S::default(),
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;
@@ -144,21 +139,21 @@ impl Engine {
     #[inline]
     fn stat_up(&mut self, a: Array, small: bool, n: u64) {
         self.stats.array_mut(a).increase(small, n);
-        self.changed |= tracked_bit(a, small);
+        self.sink.note(pool_value_index(a, small), n as i64);
     }
 
     /// Decreases them by `n`, noting which changed.
     #[inline]
     fn stat_down(&mut self, a: Array, small: bool, n: u64) {
         self.stats.array_mut(a).decrease(small, n);
-        self.changed |= tracked_bit(a, small);
+        self.sink.note(pool_value_index(a, small), -(n as i64));
     }
 
     /// Changes them by a signed amount, noting which changed.
     #[inline]
     fn stat_change(&mut self, a: Array, small: bool, delta: i64) {
         self.stats.array_mut(a).change(small, delta);
-        self.changed |= tracked_bit(a, small);
+        self.sink.note(pool_value_index(a, small), delta);
     }
 
     #[inline]
@@ -394,7 +389,7 @@ impl Engine {
         self.stat_up(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
             self.stats.oversize_segments.increase(1);
-            self.changed |= OVERSIZE_SEGMENTS;
+            self.sink.note(OVERSIZE_SEGMENTS, 1);
         }
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
@@ -486,7 +481,7 @@ impl Engine {
         self.blocks[block].oversize = oversize;
         if oversize {
             self.stats.oversize_allocations.increase(1);
-            self.changed |= OVERSIZE_ALLOCATIONS;
+            self.sink.note(OVERSIZE_ALLOCATIONS, 1);
         }
         addr
     }
@@ -744,7 +739,7 @@ impl Engine {
         self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
         if std::mem::take(&mut self.blocks[id].oversize) {
             self.stats.oversize_allocations.decrease(1);
-            self.changed |= OVERSIZE_ALLOCATIONS;
+            self.sink.note(OVERSIZE_ALLOCATIONS, -1);
         }
         if self.blocks[id].stream_uses.is_none() {
             self.free_block(id);
@@ -1001,7 +996,7 @@ impl Engine {
         self.stat_down(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
             self.stats.oversize_segments.decrease(1);
-            self.changed |= OVERSIZE_SEGMENTS;
+            self.sink.note(OVERSIZE_SEGMENTS, -1);
         }
         self.remove_free(id);
         self.blocks.remove(id);
@@ -1062,11 +1057,11 @@ impl Engine {
         }
         let target = self.total_allocated_memory - threshold;
         let large: Vec<usize> = (0..self.pools.len()).filter(|&i| !self.pools[i].is_small).collect();
-        let age = |e: &Engine, id: BlockId| {
+        let age = |e: &Engine<S>, id: BlockId| {
             let b = &e.blocks[id];
             e.pools[b.pool.0 as usize].get_free_blocks_call_count - b.gc_count_base
         };
-        let freeable = |e: &Engine| -> Vec<BlockId> {
+        let freeable = |e: &Engine<S>| -> Vec<BlockId> {
             large
                 .iter()
                 .flat_map(|&p| e.pools[p].blocks.iter().map(|k| k.3))

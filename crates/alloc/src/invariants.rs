@@ -19,7 +19,7 @@ use crate::engine::Engine;
 use crate::stats::StatArray;
 
 /// Checks every invariant of `e`.
-pub fn check(e: &Engine) -> Result<(), String> {
+pub fn check<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     let mut seen: HashSet<BlockId> = HashSet::new();
     let (mut reserved, mut segs) = ([0i64; 3], [0i64; 3]);
     for (sid, seg) in e.segments.iter() {
@@ -131,7 +131,7 @@ fn expect(name: &str, arr: &StatArray, want: [i64; 3]) -> Result<(), String> {
     Ok(())
 }
 
-fn check_pools(e: &Engine) -> Result<(), String> {
+fn check_pools<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     let mut in_sets = HashSet::new();
     for pool in &e.pools {
         for k in pool.blocks.iter() {
@@ -162,7 +162,7 @@ fn check_pools(e: &Engine) -> Result<(), String> {
     Ok(())
 }
 
-fn check_allocated(e: &Engine) -> Result<(), String> {
+fn check_allocated<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     let n = e.blocks.iter().filter(|(_, b)| b.allocated).count();
     if n != e.allocated.len() {
         return Err(format!(

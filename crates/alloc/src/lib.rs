@@ -54,7 +54,7 @@ pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use policy::Policy;
 pub use sharded::ShardedAllocator;
-pub use stats::DeviceStats;
+pub use stats::{DeviceStats, NoSink, StatSink};
 pub use summary::StatsDict;
 
 /// The caching allocator of one device. See the [crate documentation](crate).

@@ -24,7 +24,7 @@
 //!     appends to its own log the change of each tracked value after each operation, with a
 //!     timestamp taken under the shard's lock (why that order is exact: at
 //!     `ShardState::record`). It reads only the values the operation touched: the engine
-//!     notes each one as it changes it (`Engine::changed`, one OR per stat update), which a
+//!     notes each one as it changes it (its [`StatSink`] here sets a bit per change), which a
 //!     property test holds it to. A merge (when a log fills, and before every read of the
 //!     stats) *cuts* a window: with every shard locked it takes every shard's log — one window
 //!     of time — and bounds every shard again (only the shards ever used do any work: the
@@ -81,7 +81,7 @@ use crate::config::AllocatorConfig;
 use crate::engine::{Attempt, Engine};
 use crate::error::AllocError;
 use crate::policy;
-use crate::stats::{DeviceStats, Stat};
+use crate::stats::{DeviceStats, Stat, StatSink};
 use crate::summary::{self, StatsDict};
 
 /// Number of shards of a device: streams beyond this many share shards (correct, but they
@@ -139,7 +139,7 @@ mod clock {
 }
 
 /// The tracked "current" values of a stats record, in the order of
-/// [`DeviceStats::pool_value`] (bit `i` of [`Engine::changed`] is value `i`).
+/// [`DeviceStats::pool_value`] (bit `i` of a shard's [`Changes`] is value `i`).
 #[inline]
 fn currents(s: &DeviceStats) -> [i64; N] {
     std::array::from_fn(|i| s.pool_value(i))
@@ -273,10 +273,27 @@ enum Tracking {
     Logged,
 }
 
+/// Which per-pool values (bits, numbered as [`DeviceStats::pool_value`] numbers them) a shard's
+/// engine changed since the shard last took them: a logged shard reads only those after each
+/// operation, instead of all twenty. One OR per change; how much each moved, the shard reads
+/// from the values (keeping the amounts here too measured slower: an add per change, and
+/// bounded shards, which compare every value anyway, would pay it for nothing).
+#[derive(Debug, Default)]
+struct Changes {
+    mask: u32,
+}
+
+impl StatSink for Changes {
+    #[inline(always)]
+    fn note(&mut self, i: usize, _delta: i64) {
+        self.mask |= 1 << i;
+    }
+}
+
 /// One shard: an engine and the log of its operations.
 #[derive(Debug)]
 struct ShardState {
-    engine: Engine,
+    engine: Engine<Changes>,
     log: Log,
     /// The tracked values after the last operation (`Bounded`, `Logged`) are `values[live]`.
     /// A bounded check writes the new ones into the other half and makes it live only if the
@@ -349,7 +366,7 @@ impl ShardState {
                 let over = self.exceeds_into(next);
                 if !over && !alarm.load(Ordering::SeqCst) {
                     self.live = next;
-                    self.engine.changed = 0;
+                    self.engine.sink.mask = 0;
                     return;
                 }
                 self.start_logging(over, alarm);
@@ -358,7 +375,7 @@ impl ShardState {
         }
         // Only the values the operation touched (the engine notes them) are read: about a third
         // of the instructions of comparing all twenty.
-        let changed = std::mem::take(&mut self.engine.changed);
+        let changed = std::mem::take(&mut self.engine.sink.mask);
         if changed == 0 {
             return;
         }
@@ -1396,11 +1413,11 @@ mod tests {
             // With a `max_split_size`, large blocks and segments count as oversize.
             let mut config = AllocatorConfig::parse(if max_split { "max_split_size_mb:20" } else { "" }).unwrap();
             let p = policy::by_name(policy, &mut config).unwrap();
-            let mut e = Engine::new(device.clone(), config, p);
+            let mut e = Engine::<Changes>::new(device.clone(), config, p);
             let mut live: Vec<(u64, StreamId)> = Vec::new();
             let mut before = currents(&e.stats);
             for (kind, size, pick) in ops {
-                e.changed = 0;
+                e.sink.mask = 0;
                 match kind {
                     0..=3 => {
                         let stream = StreamId(1 + (pick % 2) as u64);
@@ -1424,7 +1441,7 @@ mod tests {
                 }
                 let now = currents(&e.stats);
                 for i in 0..N {
-                    if e.changed & (1 << i) == 0 {
+                    if e.sink.mask & (1 << i) == 0 {
                         proptest::prop_assert_eq!(now[i], before[i], "value {} changed unnoted", i);
                     }
                 }

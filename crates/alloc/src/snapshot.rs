@@ -50,7 +50,7 @@ pub fn settings_of(cfg: &crate::config::AllocatorConfig) -> AllocatorSettings {
     }
 }
 
-impl Engine {
+impl<S: crate::stats::StatSink> Engine<S> {
     /// The allocator's state and recorded history, in PyTorch's snapshot schema.
     pub fn snapshot(&mut self) -> Trace {
         let device = self.device.index();

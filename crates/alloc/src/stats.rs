@@ -118,6 +118,32 @@ pub(crate) enum Array {
     Segment = 8,
 }
 
+/// Where an [`crate::Engine`] reports each change of a per-pool value besides making it: an
+/// adaptor, as RMM's statistics are, so that an engine which needs no report pays nothing.
+/// Values are numbered `2a` (small pool) and `2a + 1` (large pool) for the nine arrays in
+/// `memory_stats()`' alphabetical order (`active` … `segment`), then 18
+/// (`oversize_allocations`) and 19 (`oversize_segments`). The default, [`NoSink`], ignores
+/// them; the sharded allocator's shards note which changed, to log each operation's changes
+/// without reading every value.
+pub trait StatSink: Default + std::fmt::Debug + Send {
+    /// Value `i` changed by `delta` (0 included: a call site's change may net to nothing).
+    fn note(&mut self, i: usize, delta: i64);
+}
+
+/// The sink that ignores every change (the default engine's).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoSink;
+
+impl StatSink for NoSink {
+    #[inline(always)]
+    fn note(&mut self, _: usize, _: i64) {}
+}
+
+/// The number of `oversize_allocations` among the values [`DeviceStats::pool_value`] numbers.
+pub(crate) const OVERSIZE_ALLOCATIONS: usize = 18;
+/// The number of `oversize_segments` among them.
+pub(crate) const OVERSIZE_SEGMENTS: usize = 19;
+
 /// How many per-pool values [`DeviceStats::pool_value`] numbers: 9 arrays × (small, large),
 /// then the two oversize counters.
 pub(crate) const POOL_VALUES: usize = 20;
