@@ -262,16 +262,22 @@ impl FreeIndex {
     /// Adds a free block; false if it was there.
     #[inline]
     pub fn insert(&mut self, k: SizeKey) -> bool {
-        let pos = match self.streams.binary_search_by(|(s, _)| s.cmp(&k.0)) {
-            Ok(p) => p,
-            Err(p) => {
-                self.streams.insert(p, (k.0, StreamBins::default()));
-                p
-            }
+        let pos = match self.streams.iter().position(|(s, _)| *s == k.0) {
+            Some(p) => p,
+            None => self.add_stream(k.0),
         };
         let added = self.streams[pos].1.insert(k.1, k.2, k.3);
         self.len += added as usize;
         added
+    }
+
+    /// A stream's first free block: its bins, in stream order (out of line: it happens once).
+    #[cold]
+    #[inline(never)]
+    fn add_stream(&mut self, s: StreamId) -> usize {
+        let p = self.streams.partition_point(|(k, _)| *k < s);
+        self.streams.insert(p, (s, StreamBins::default()));
+        p
     }
 
     /// Removes a free block; false if it was not there.
