@@ -80,6 +80,10 @@ enum Command {
         /// Timed repetitions per run.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+        /// Time warm passes (the cache already filled by a first pass) instead of passes on a
+        /// fresh allocator each.
+        #[arg(long)]
+        warm: bool,
         /// Print a JSON array of replay objects.
         #[arg(long)]
         json: bool,
@@ -141,8 +145,9 @@ fn main() -> ExitCode {
             policies,
             config,
             repeats,
+            warm,
             json,
-        } => cmd_compare(&traces, &policies, config, repeats, json),
+        } => cmd_compare(&traces, &policies, config, Timing { repeats, warm }, json),
         Command::Fit {
             trace,
             policy,
@@ -317,13 +322,13 @@ fn bar(len: u64, hidden: bool) -> ProgressBar {
     pb
 }
 
-fn cmd_compare(
-    paths: &[PathBuf],
-    list: &str,
-    config: Option<String>,
+/// How `compare` times its replays.
+struct Timing {
     repeats: usize,
-    json: bool,
-) -> Result<(), String> {
+    warm: bool,
+}
+
+fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, timing: Timing, json: bool) -> Result<(), String> {
     let pols = policies(list)?;
     let pb = bar((paths.len() * pols.len()) as u64, json);
     let mut rows = Vec::new();
@@ -334,7 +339,8 @@ fn cmd_compare(
             let opts = ReplayOptions {
                 policy: p.clone(),
                 config: config.clone(),
-                repeats,
+                repeats: timing.repeats,
+                warm: timing.warm,
                 ..ReplayOptions::default()
             };
             rows.push(cudamem_replay::replay(&trace, &opts)?);
