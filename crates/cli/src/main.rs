@@ -328,7 +328,13 @@ struct Timing {
     warm: bool,
 }
 
-fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, timing: Timing, json: bool) -> Result<(), String> {
+fn cmd_compare(
+    paths: &[PathBuf],
+    list: &str,
+    config: Option<String>,
+    timing: Timing,
+    json: bool,
+) -> Result<(), String> {
     let pols = policies(list)?;
     let pb = bar((paths.len() * pols.len()) as u64, json);
     let mut rows = Vec::new();

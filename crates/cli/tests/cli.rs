@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(name)
 }
 
 fn cudamem(args: &[&str]) -> Output {
@@ -23,7 +25,15 @@ fn json_rows(out: &Output) -> Vec<serde_json::Value> {
 fn compare_warm_changes_the_timing_not_the_replay() {
     let trace = data("seed_example.pickle.gz");
     let trace = trace.to_str().unwrap();
-    let base = ["compare", trace, "--policies", "pytorch,cudamem", "--repeats", "3", "--json"];
+    let base = [
+        "compare",
+        trace,
+        "--policies",
+        "pytorch,cudamem",
+        "--repeats",
+        "3",
+        "--json",
+    ];
     let fresh = json_rows(&cudamem(&base));
     let warm = json_rows(&cudamem(&[&base[..], &["--warm"]].concat()));
     assert_eq!(fresh.len(), 2);
@@ -43,7 +53,10 @@ fn a_wrong_argument_names_what_is_wrong() {
     let out = cudamem(&["compare", trace.to_str().unwrap(), "--policies", "pytorch,nope"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown policy 'nope'") && err.contains("pytorch-expandable"), "{err}");
+    assert!(
+        err.contains("unknown policy 'nope'") && err.contains("pytorch-expandable"),
+        "{err}"
+    );
 
     let out = cudamem(&["replay", "no-such-trace.pickle"]);
     assert_eq!(out.status.code(), Some(2));
