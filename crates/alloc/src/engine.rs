@@ -804,6 +804,7 @@ impl<S: StatSink> Engine<S> {
 
     /// Merges the free neighbour `src` into `dst` (PyTorch `try_merge_blocks`); returns the bytes
     /// gained, 0 when `src` is absent, busy or differently mapped. `dst` must not be in a set.
+    #[inline(always)]
     fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> u64 {
         let Some(src) = src else { return 0 };
         {
