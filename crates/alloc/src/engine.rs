@@ -768,6 +768,7 @@ impl<S: StatSink> Engine<S> {
     }
 
     /// Returns a block whose uses are over to its pool (PyTorch `free_block`).
+    #[inline(always)]
     fn free_block(&mut self, id: BlockId) {
         let (addr, requested, stream, stack, original_size, pool, expandable) = {
             let b = &self.blocks[id];
