@@ -34,6 +34,9 @@ pub fn check<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
         let (mut cur, mut end) = (Some(head.0), seg.base);
         let mut prev: Option<BlockId> = None;
         while let Some(id) = cur {
+            if !e.blocks.is_live(id) {
+                return Err(format!("segment {:#x}: a link names a removed block", seg.base));
+            }
             let b = &e.blocks[id];
             if b.addr != end || b.prev != prev || b.segment != sid {
                 return Err(format!(
@@ -135,6 +138,9 @@ fn check_pools<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     let mut in_sets = HashSet::new();
     for pool in &e.pools {
         for k in pool.blocks.iter() {
+            if !e.blocks.is_live(k.3) {
+                return Err(format!("free set entry {:#x} names a removed block", k.2));
+            }
             let b = &e.blocks[k.3];
             if Pool::size_key(k.3, b) != k || !b.is_free() || !b.mapped {
                 return Err(format!("free set entry {:#x} does not match its block", k.2));
@@ -142,6 +148,9 @@ fn check_pools<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
             in_sets.insert(k.3);
         }
         for k in &pool.unmapped {
+            if !e.blocks.is_live(k.2) {
+                return Err(format!("unmapped set entry {:#x} names a removed block", k.1));
+            }
             let b = &e.blocks[k.2];
             if Pool::addr_key(k.2, b) != *k || !b.is_free() || b.mapped {
                 return Err(format!("unmapped set entry {:#x} does not match its block", k.1));
@@ -172,7 +181,7 @@ fn check_allocated<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), Strin
         ));
     }
     for (&addr, &id) in &e.allocated {
-        if e.blocks[id].addr != addr || !e.blocks[id].allocated {
+        if !e.blocks.is_live(id) || e.blocks[id].addr != addr || !e.blocks[id].allocated {
             return Err(format!("pointer map entry {addr:#x} is stale"));
         }
     }
