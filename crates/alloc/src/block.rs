@@ -123,7 +123,7 @@ pub struct BlockArena {
 
 impl BlockArena {
     /// Stores a block and returns its id.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, b: Block) -> BlockId {
         if let Some(i) = self.vacant.pop() {
             self.slots[i as usize] = b;
