@@ -240,31 +240,6 @@ impl Pool {
     }
 }
 
-/// Hasher for device addresses: they are distinct multiples of 512, so one multiply mixes them
-/// well enough, at a fraction of SipHash's cost (the pointer map is on every alloc and free).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AddrHasher(u64);
-
-impl std::hash::Hasher for AddrHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
-    }
-}
-
-/// Map from device address to block.
-pub type AddrMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,7 +271,11 @@ mod tests {
         let (x, y) = (a.insert(block(0)), a.insert(block(512)));
         let removed = a.remove(x);
         assert_eq!(removed.addr, 0);
-        assert_eq!(removed.stream_uses.as_deref(), Some(&vec![StreamId(7)]), "remove hands back every field");
+        assert_eq!(
+            removed.stream_uses.as_deref(),
+            Some(&vec![StreamId(7)]),
+            "remove hands back every field"
+        );
         assert!(!a.is_live(x) && a.is_live(y) && !a.is_live(BlockId::new(99)));
         assert_eq!(a.len(), 1);
         assert_eq!(a.iter().map(|(id, b)| (id, b.addr)).collect::<Vec<_>>(), vec![(y, 512)]);

@@ -68,7 +68,7 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) pools: Vec<Pool>,
     pub(crate) segments: SegmentTable,
     /// Allocated blocks by address: the pointers callers hold.
-    pub(crate) allocated: crate::block::AddrMap<BlockId>,
+    pub(crate) allocated: crate::pointer_map::PointerMap,
     /// Outstanding events per stream, in record order.
     events: Vec<(StreamId, VecDeque<(EventId, BlockId)>)>,
     pub(crate) stats: DeviceStats,
@@ -106,7 +106,7 @@ impl<S: StatSink> Engine<S> {
             blocks: BlockArena::default(),
             pools,
             segments: SegmentTable::default(),
-            allocated: crate::block::AddrMap::with_capacity_and_hasher(256, Default::default()),
+            allocated: crate::pointer_map::PointerMap::default(),
             events: Vec::new(),
             total_allocated_memory: 0,
             allowed_memory_maximum: None,
@@ -722,7 +722,7 @@ impl<S: StatSink> Engine<S> {
         if ptr == 0 {
             return Ok(());
         }
-        let Some(id) = self.allocated.remove(&ptr) else {
+        let Some(id) = self.allocated.remove(ptr) else {
             return Err(self.invalid_pointer(ptr));
         };
         let small = self.is_small(self.blocks[id].pool);
@@ -840,7 +840,7 @@ impl<S: StatSink> Engine<S> {
     /// Marks an allocation as used on `stream` too: it will not be reused before the work queued
     /// on `stream` at its free has completed. Uses on its own stream need nothing.
     pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let Some(&id) = self.allocated.get(&ptr) else {
+        let Some(id) = self.allocated.get(ptr) else {
             return Err(self.invalid_pointer(ptr));
         };
         let b = &mut self.blocks[id];

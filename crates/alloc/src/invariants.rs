@@ -180,7 +180,7 @@ fn check_allocated<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), Strin
             e.allocated.len()
         ));
     }
-    for (&addr, &id) in &e.allocated {
+    for (addr, id) in e.allocated.iter() {
         if !e.blocks.is_live(id) || e.blocks[id].addr != addr || !e.blocks[id].allocated {
             return Err(format!("pointer map entry {addr:#x} is stale"));
         }

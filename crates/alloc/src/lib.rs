@@ -35,6 +35,7 @@ pub mod format;
 pub mod free_index;
 pub mod history;
 pub mod invariants;
+pub mod pointer_map;
 pub mod policy;
 pub mod segment;
 pub mod sharded;
