@@ -81,7 +81,6 @@ pub struct StreamBins {
     classes: Vec<Vec<(u64, u64, BlockId)>>,
     words: [u64; WORDS],
     summary: u64, // bit i: words[i] != 0 (WORDS <= 64)
-    len: usize,
 }
 
 impl Default for StreamBins {
@@ -90,7 +89,6 @@ impl Default for StreamBins {
             classes: vec![Vec::new(); CLASSES],
             words: [0; WORDS],
             summary: 0,
-            len: 0,
         }
     }
 }
@@ -159,7 +157,6 @@ impl StreamBins {
         if v.len() == 1 {
             self.mark(c, true);
         }
-        self.len += 1;
         true
     }
 
@@ -177,7 +174,6 @@ impl StreamBins {
         if v.is_empty() {
             self.mark(c, false);
         }
-        self.len -= 1;
         true
     }
 
@@ -234,7 +230,6 @@ impl StreamBins {
         if v.is_empty() {
             self.mark(c, false);
         }
-        self.len -= 1;
     }
 }
 
