@@ -44,6 +44,8 @@ struct Request {
     size: u64,
     stream: StreamId,
     pool: PoolId,
+    /// Whether `pool` counts as `small_pool` in the stats.
+    small: bool,
     /// Device bytes to get on a miss (0 until [`Engine::with_alloc_size`]: a cache hit never
     /// needs it, and asking the policy costs a call).
     alloc_size: u64,
@@ -219,12 +221,12 @@ impl<S: StatSink> Engine<S> {
 
     #[inline]
     fn request(&self, orig_size: u64, stream: StreamId) -> Request {
-        let size = self.policy.round_size(&self.config, orig_size);
-        let pool = self.policy.pool_for(&self.config, size);
+        let (size, pool) = self.policy.place(&self.config, orig_size);
         Request {
             size,
             stream,
             pool,
+            small: self.is_small(pool),
             alloc_size: 0,
         }
     }
@@ -241,7 +243,7 @@ impl<S: StatSink> Engine<S> {
     fn hand_out(&mut self, block: BlockId, req: &Request, orig_size: u64) -> u64 {
         let split = self
             .policy
-            .should_split(&self.config, &self.blocks[block], req.size, self.is_small(req.pool));
+            .should_split(&self.config, &self.blocks[block], req.size, req.small);
         self.alloc_found_block(block, req, orig_size, split)
     }
 
@@ -384,7 +386,7 @@ impl<S: StatSink> Engine<S> {
         let id = self
             .blocks
             .insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
-        let small = self.is_small(req.pool);
+        let small = req.small;
         self.stat_up(Array::Segment, small, 1);
         self.stat_up(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
@@ -427,7 +429,7 @@ impl<S: StatSink> Engine<S> {
 
     /// Hands out `block` for the request, splitting off the rest (PyTorch `alloc_found_block`).
     fn alloc_found_block(&mut self, mut block: BlockId, req: &Request, orig_size: u64, split: bool) -> u64 {
-        let small = self.is_small(req.pool);
+        let small = req.small;
         let already_split = self.blocks[block].is_split();
         let expandable = self.blocks[block].expandable;
         if split {

@@ -38,6 +38,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn round_size(&self, cfg: &AllocatorConfig, size: u64) -> u64;
     /// The pool that serves a block of `rounded` bytes.
     fn pool_for(&self, cfg: &AllocatorConfig, rounded: u64) -> PoolId;
+    /// `round_size` and then `pool_for`, in one call: the engine asks on every `malloc`, and
+    /// through `dyn Policy` two calls cost more than one. Policies implement the other two.
+    #[inline]
+    fn place(&self, cfg: &AllocatorConfig, size: u64) -> (u64, PoolId) {
+        let rounded = self.round_size(cfg, size);
+        (rounded, self.pool_for(cfg, rounded))
+    }
     /// Bytes of new device memory to obtain when no cached block fits `rounded`.
     fn allocation_size(&self, cfg: &AllocatorConfig, rounded: u64) -> u64;
     /// `Some(page size)` if the pool grows by mapping pages into an expandable segment,
