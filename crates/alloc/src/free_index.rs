@@ -257,11 +257,14 @@ impl FreeIndex {
     /// Adds a free block; false if it was there.
     #[inline]
     pub fn insert(&mut self, k: SizeKey) -> bool {
-        let pos = match self.streams.iter().position(|(s, _)| *s == k.0) {
-            Some(p) => p,
-            None => self.add_stream(k.0),
+        let bins = match self.streams.iter_mut().find(|(s, _)| *s == k.0) {
+            Some((_, b)) => b,
+            None => {
+                let p = self.add_stream(k.0);
+                &mut self.streams[p].1
+            }
         };
-        let added = self.streams[pos].1.insert(k.1, k.2, k.3);
+        let added = bins.insert(k.1, k.2, k.3);
         self.len += added as usize;
         added
     }
