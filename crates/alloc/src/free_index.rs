@@ -78,7 +78,7 @@ fn remove_at(v: &mut Vec<(u64, u64, BlockId)>, i: usize) {
 /// The free blocks of one stream in one pool.
 #[derive(Debug, Clone)]
 pub struct StreamBins {
-    classes: Vec<Vec<(u64, u64, BlockId)>>,
+    classes: Box<[Vec<(u64, u64, BlockId)>; CLASSES]>,
     words: [u64; WORDS],
     summary: u64, // bit i: words[i] != 0 (WORDS <= 64)
 }
@@ -86,7 +86,10 @@ pub struct StreamBins {
 impl Default for StreamBins {
     fn default() -> Self {
         StreamBins {
-            classes: vec![Vec::new(); CLASSES],
+            classes: vec![Vec::new(); CLASSES]
+                .into_boxed_slice()
+                .try_into()
+                .expect("CLASSES entries"),
             words: [0; WORDS],
             summary: 0,
         }
