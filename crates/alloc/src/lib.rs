@@ -10,6 +10,7 @@
 //! |---|---|
 //! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`] |
 //! | best fit in constant time | [`free_index`] |
+//! | address → block, for `free` and `record_stream` | [`pointer_map`] |
 //! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
 //! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
 //! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
