@@ -140,22 +140,49 @@ impl<S: StatSink> Engine<S> {
     /// Increases array `a`'s `all` and pool values by `n`, noting which changed.
     #[inline]
     fn stat_up(&mut self, a: Array, small: bool, n: u64) {
-        self.stats.array_mut(a).increase(small, n);
-        self.sink.note(pool_value_index(a, small), n as i64);
+        let arr = self.stats.array_mut(a);
+        arr.increase(small, n);
+        let (now, all) = (arr.pool(small).current, arr.all().current);
+        self.sink.rose(pool_value_index(a, small), n as i64, now, all);
     }
 
     /// Decreases them by `n`, noting which changed.
     #[inline]
     fn stat_down(&mut self, a: Array, small: bool, n: u64) {
         self.stats.array_mut(a).decrease(small, n);
-        self.sink.note(pool_value_index(a, small), -(n as i64));
+        self.sink.fell(pool_value_index(a, small), -(n as i64));
     }
 
     /// Changes them by a signed amount, noting which changed.
     #[inline]
     fn stat_change(&mut self, a: Array, small: bool, delta: i64) {
-        self.stats.array_mut(a).change(small, delta);
-        self.sink.note(pool_value_index(a, small), delta);
+        let arr = self.stats.array_mut(a);
+        arr.change(small, delta);
+        let (now, all) = (arr.pool(small).current, arr.all().current);
+        if delta > 0 {
+            self.sink.rose(pool_value_index(a, small), delta, now, all);
+        } else {
+            self.sink.fell(pool_value_index(a, small), delta);
+        }
+    }
+
+    /// Counts one more (`up`) or one fewer oversize allocation (`i` = `OVERSIZE_ALLOCATIONS`)
+    /// or segment (`OVERSIZE_SEGMENTS`), noting it.
+    #[inline]
+    fn oversize_change(&mut self, i: usize, up: bool) {
+        let st = if i == OVERSIZE_SEGMENTS {
+            &mut self.stats.oversize_segments
+        } else {
+            &mut self.stats.oversize_allocations
+        };
+        if up {
+            st.increase(1);
+            let now = st.current;
+            self.sink.rose(i, 1, now, now);
+        } else {
+            st.decrease(1);
+            self.sink.fell(i, -1);
+        }
     }
 
     #[inline]
@@ -390,8 +417,7 @@ impl<S: StatSink> Engine<S> {
         self.stat_up(Array::Segment, small, 1);
         self.stat_up(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
-            self.stats.oversize_segments.increase(1);
-            self.sink.note(OVERSIZE_SEGMENTS, 1);
+            self.oversize_change(OVERSIZE_SEGMENTS, true);
         }
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
@@ -482,8 +508,7 @@ impl<S: StatSink> Engine<S> {
         let oversize = bsize >= self.config.max_split_size;
         self.blocks[block].oversize = oversize;
         if oversize {
-            self.stats.oversize_allocations.increase(1);
-            self.sink.note(OVERSIZE_ALLOCATIONS, 1);
+            self.oversize_change(OVERSIZE_ALLOCATIONS, true);
         }
         addr
     }
@@ -740,8 +765,7 @@ impl<S: StatSink> Engine<S> {
         };
         self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
         if std::mem::take(&mut self.blocks[id].oversize) {
-            self.stats.oversize_allocations.decrease(1);
-            self.sink.note(OVERSIZE_ALLOCATIONS, -1);
+            self.oversize_change(OVERSIZE_ALLOCATIONS, false);
         }
         if self.blocks[id].stream_uses.is_none() {
             self.free_block(id);
@@ -999,8 +1023,7 @@ impl<S: StatSink> Engine<S> {
         self.stat_down(Array::Segment, small, 1);
         self.stat_down(Array::ReservedBytes, small, size);
         if self.segments[seg].oversize {
-            self.stats.oversize_segments.decrease(1);
-            self.sink.note(OVERSIZE_SEGMENTS, -1);
+            self.oversize_change(OVERSIZE_SEGMENTS, false);
         }
         self.remove_free(id);
         self.blocks.remove(id);

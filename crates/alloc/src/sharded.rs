@@ -276,20 +276,76 @@ enum Tracking {
     Logged,
 }
 
-/// Which per-pool values (bits, numbered as [`DeviceStats::pool_value`] numbers them) a shard's
-/// engine changed since the shard last took them: a logged shard reads only those after each
-/// operation, instead of all twenty. One OR per change; how much each moved, the shard reads
-/// from the values (keeping the amounts here too measured slower: an add per change, and
-/// bounded shards, which compare every value anyway, would pay it for nothing).
-#[derive(Debug, Default)]
+/// What a shard's engine changed in the operation under way, told as it changes it (values
+/// numbered as [`DeviceStats::pool_value`] numbers them): which values changed and by how much
+/// in all, and whether one of them, or its array's `all`, went above the shard's ceiling. So a
+/// shard reads nothing after an operation: a bounded one tests one flag, a logged one writes the
+/// amounts as they are, and the values before the operation are the values minus the amounts.
+/// A few instructions per change (a fall compares nothing); comparing all twenty values and
+/// their nine sums after every operation cost about 180, and comparing those that rose about 100.
+#[derive(Debug)]
 struct Changes {
+    /// Bit `i`: value `i` changed (by `delta[i]`, which may net to 0).
     mask: u32,
+    /// Some value, or some array's `all`, was above its ceiling after a change. Within an
+    /// operation values first fall and then rise, so a value above its ceiling at some change
+    /// is above it at the end (and a flag raised for nothing would only log more).
+    over: bool,
+    /// Per value: the operation's net change.
+    delta: [i64; N],
+    /// Per value: the highest it may reach unlogged (see [`Tracking::Bounded`]).
+    ceiling: [i64; N],
+    /// Per array: the highest its `all` may reach unlogged; the last entry, for the oversize
+    /// counters (which have no `all`), is never reached.
+    ceiling_all: [i64; 10],
+}
+
+impl Default for Changes {
+    fn default() -> Self {
+        let mut ceiling_all = [0; 10];
+        ceiling_all[9] = i64::MAX;
+        Changes {
+            mask: 0,
+            over: false,
+            delta: [0; N],
+            ceiling: [0; N],
+            ceiling_all,
+        }
+    }
+}
+
+impl Changes {
+    /// Ready for the next operation.
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.mask = 0;
+        self.over = false;
+        self.delta = [0; N];
+    }
+
+    /// Sets the ceiling of series `k` (the [`N`] values, then the 9 arrays' `all`).
+    fn set_ceiling(&mut self, k: usize, c: i64) {
+        if k < N {
+            self.ceiling[k] = c;
+        } else {
+            self.ceiling_all[k - N] = c;
+        }
+    }
 }
 
 impl StatSink for Changes {
     #[inline(always)]
-    fn note(&mut self, i: usize, _delta: i64) {
+    fn rose(&mut self, i: usize, delta: i64, now: i64, all: i64) {
         self.mask |= 1 << i;
+        self.delta[i] += delta;
+        self.over |= (now > self.ceiling[i]) | (all > self.ceiling_all[i >> 1]);
+    }
+
+    /// A fall passes no ceiling: nothing to compare.
+    #[inline(always)]
+    fn fell(&mut self, i: usize, delta: i64) {
+        self.mask |= 1 << i;
+        self.delta[i] += delta;
     }
 }
 
@@ -298,18 +354,10 @@ impl StatSink for Changes {
 struct ShardState {
     engine: Engine<Changes>,
     log: Log,
-    /// The tracked values after the last operation (`Bounded`, `Logged`) are `values[live]`.
-    /// A bounded check writes the new ones into the other half and makes it live only if the
-    /// shard stays bounded — so a shard that starts logging still has its values from before
-    /// the operation, and the check costs no copy.
-    values: [[i64; N]; 2],
-    live: usize,
     /// Every series' value where the log window began (or, after the window closed, where
     /// the next one begins).
     start: [i64; S],
     tracking: Tracking,
-    /// While `Bounded`: per series, the highest value the shard may reach unlogged.
-    ceiling: [i64; S],
     /// Per series: how far the shard rose above its value at the end of the last window
     /// (set when a window closes; what [`settle`] shares the headroom by).
     demand: [i64; S],
@@ -339,8 +387,8 @@ fn series_of(v: &[i64; N]) -> [i64; S] {
 impl ShardState {
     /// Notes what the operation just done changed. Call under the shard's lock, after every
     /// operation that may change stats. On the hot path of every sharded operation:
-    /// * `Bounded` (the steady state): compare the values with the ceilings; if all are below
-    ///   and no shard has raised `alarm`, that is all.
+    /// * `Bounded` (the steady state): if no value went above its ceiling (the engine's sink
+    ///   compared each as it changed) and no shard has raised `alarm`, that is all.
     /// * Otherwise the shard logs, starting with this operation — and raises `alarm` if it
     ///   passed a ceiling, so that every shard logs from its next operation on.
     ///
@@ -352,34 +400,25 @@ impl ShardState {
     /// moment (those before its first logged operation). A merge replays from there.
     #[inline(always)]
     fn record(&mut self, alarm: &AtomicBool) {
-        if self.tracking != Tracking::Solo {
-            self.record_tracked(alarm);
+        match self.tracking {
+            Tracking::Solo => {}
+            Tracking::Bounded if !self.engine.sink.over && !alarm.load(Ordering::SeqCst) => self.engine.sink.clear(),
+            _ => self.record_tracked(alarm),
         }
     }
 
-    /// [`Self::record`] of a `Bounded` or `Logged` shard (out of line: a `Solo` shard's
-    /// operation then pays one comparison, not this function's register saves).
+    /// [`Self::record`] of a `Bounded` shard that passed a ceiling or saw the `alarm`, and of a
+    /// `Logged` one (out of line: the others then pay a few comparisons, not this function's
+    /// register saves).
     #[inline(never)]
     fn record_tracked(&mut self, alarm: &AtomicBool) {
-        match self.tracking {
-            Tracking::Solo => return,
-            Tracking::Bounded => {
-                // All twenty values, straight-line: cheaper here than visiting the changed ones.
-                let next = 1 - self.live;
-                let over = self.exceeds_into(next);
-                if !over && !alarm.load(Ordering::SeqCst) {
-                    self.live = next;
-                    self.engine.sink.mask = 0;
-                    return;
-                }
-                self.start_logging(over, alarm);
-            }
-            Tracking::Logged => {}
+        if self.tracking == Tracking::Bounded {
+            self.start_logging(self.engine.sink.over, alarm);
         }
-        // Only the values the operation touched (the engine notes them) are read: about a third
-        // of the instructions of comparing all twenty.
-        let changed = std::mem::take(&mut self.engine.sink.mask);
+        let sink = &mut self.engine.sink;
+        let changed = sink.mask;
         if changed == 0 {
+            sink.clear();
             return;
         }
         // Stamped after the operation's state changes (see `clock::now`), before the log's.
@@ -400,41 +439,24 @@ impl ShardState {
         log.deltas.reserve(3 * N);
         let len = log.deltas.len();
         let spare = &mut log.deltas.spare_capacity_mut()[..3 * N];
-        let s = &self.engine.stats;
-        let last = &mut self.values[self.live];
         // Every noted value gets a change, 0 included (a value changed and changed back within
         // the operation: rare, and harmless to a replay), so the mask is the engine's.
         let (mut m, mut k) = (changed, 0usize);
         while m != 0 {
             let i = m.trailing_zeros() as usize;
             m &= m - 1;
-            let now = s.pool_value(i);
-            k += write_delta(&mut spare[k..k + 3], now - last[i]);
-            last[i] = now;
+            k += write_delta(&mut spare[k..k + 3], sink.delta[i]);
         }
         // SAFETY: the first `k` words of the spare capacity were just written.
         unsafe { log.deltas.set_len(len + k) };
         log.entries.push((offset as u32, changed));
+        sink.clear();
     }
 
-    /// Whether any tracked value (per pool, or its `all`) is above the shard's ceiling, having
-    /// written the values into `values[half]`. (On the hot path: plain comparisons OR-ed
-    /// together, which compile straight-line; a sign-bit OR of differences came out
-    /// half-vectorised, with spills.)
-    #[inline]
-    fn exceeds_into(&mut self, half: usize) -> bool {
-        let (s, c) = (&self.engine.stats, &self.ceiling);
-        let out = &mut self.values[half];
-        let mut over = false;
-        for i in 0..N {
-            let v = s.pool_value(i);
-            out[i] = v;
-            over |= v > c[i];
-        }
-        for a in 0..9 {
-            over |= out[2 * a] + out[2 * a + 1] > c[N + a];
-        }
-        over
+    /// The tracked values before the operation just done: now minus what it changed.
+    fn values_before(&self) -> [i64; N] {
+        let now = currents(&self.engine.stats);
+        std::array::from_fn(|i| now[i] - self.engine.sink.delta[i])
     }
 
     /// `Bounded` → `Logged`, before the operation just done: raise `alarm` (with a full
@@ -446,7 +468,7 @@ impl ShardState {
             alarm.store(true, Ordering::SeqCst);
         }
         self.used = true;
-        self.start = series_of(&self.values[self.live]);
+        self.start = series_of(&self.values_before());
         // Rises are counted from here: the operation's end value is its highest point.
         self.engine.stats.reset_peak();
         self.tracking = Tracking::Logged;
@@ -504,13 +526,15 @@ fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &At
         headroom_shares(peak, &current[..n], &demand[..n], &mut share[..n]);
         for (j, &i) in used.iter().enumerate() {
             let st = &mut shards[i];
-            st.ceiling[k] = st.start[k] + share[j];
+            let c = st.start[k] + share[j];
+            st.engine.sink.set_ceiling(k, c);
         }
     }
     for &i in used {
         let st: &mut ShardState = &mut shards[i];
-        let live = st.live;
-        st.values[live].copy_from_slice(&st.start[..N]);
+        // Between operations the sink is clear, but for the shard that was the device until
+        // now: a `Solo` shard records nothing, and its sink kept adding.
+        st.engine.sink.clear();
         st.tracking = Tracking::Bounded;
     }
     alarm.store(false, Ordering::SeqCst);
@@ -923,11 +947,8 @@ impl ShardedAllocator {
             shards.push(Shard(Mutex::new(ShardState {
                 engine: Engine::new(device.clone(), cfg, p),
                 log: Log::default(),
-                values: [[0; N]; 2],
-                live: 0,
                 start: [0; S],
                 tracking: Tracking::Solo,
-                ceiling: [0; S],
                 demand: [0; S],
                 used: false,
             })));
@@ -1402,15 +1423,17 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The mask the shards read instead of all twenty values: after every operation of
-        /// every policy — hits, splits, merges, new segments and pages, frees deferred by
+        /// What the shards read instead of all twenty values: after every operation of every
+        /// policy — hits, splits, merges, new segments and pages, frees deferred by
         /// `record_stream`, emptied caches, out-of-memory retries — a value whose bit is clear
-        /// did not change.
+        /// did not change, every value moved by its noted amount, and a value that ended higher
+        /// raised the flag that a bounded shard's check reads, its ceilings being its values
+        /// before the operation.
         #[test]
         fn every_change_of_a_tracked_value_is_noted(
             policy in proptest::sample::select(crate::policy::POLICY_NAMES),
             max_split in proptest::bool::ANY,
-            ops in proptest::collection::vec((0u8..8, 0u64..48 << 20, 0usize..64), 1..120),
+            ops in proptest::collection::vec((0u8..8, 0u64..48 << 20, 0usize..64, proptest::num::u32::ANY), 1..120),
         ) {
             let device = Arc::new(cudamem_device::sim::SimDevice::with_capacity(160 << 20));
             // With a `max_split_size`, large blocks and segments count as oversize.
@@ -1419,8 +1442,15 @@ mod tests {
             let mut e = Engine::<Changes>::new(device.clone(), config, p);
             let mut live: Vec<(u64, StreamId)> = Vec::new();
             let mut before = currents(&e.stats);
-            for (kind, size, pick) in ops {
-                e.sink.mask = 0;
+            for (kind, size, pick, loose) in ops {
+                // Ceilings at the values before the operation, some (bit `k` of `loose`) far
+                // above: so that a value may pass its own while its `all` does not, and back.
+                e.sink.clear();
+                let pre = series_of(&before);
+                let ceiling: [i64; S] = std::array::from_fn(|k| pre[k] + if loose & (1 << k) != 0 { 1 << 50 } else { 0 });
+                for (k, &c) in ceiling.iter().enumerate() {
+                    e.sink.set_ceiling(k, c);
+                }
                 match kind {
                     0..=3 => {
                         let stream = StreamId(1 + (pick % 2) as u64);
@@ -1447,6 +1477,11 @@ mod tests {
                     if e.sink.mask & (1 << i) == 0 {
                         proptest::prop_assert_eq!(now[i], before[i], "value {} changed unnoted", i);
                     }
+                    proptest::prop_assert_eq!(now[i] - before[i], e.sink.delta[i], "value {}'s amount", i);
+                }
+                let passed = series_of(&now).iter().zip(&ceiling).any(|(n, c)| n > c);
+                if passed {
+                    proptest::prop_assert!(e.sink.over, "a series ended above its ceiling unflagged");
                 }
                 before = now;
             }

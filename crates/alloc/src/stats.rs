@@ -86,6 +86,11 @@ impl StatArray {
             std::cmp::Ordering::Equal => {}
         }
     }
+    /// The stat of the small pool (`small`) or the large one.
+    #[inline]
+    pub fn pool(&self, small: bool) -> &Stat {
+        &self.0[if small { 1 } else { 2 }]
+    }
     /// The `all` stat.
     pub fn all(&self) -> &Stat {
         &self.0[0]
@@ -126,8 +131,11 @@ pub(crate) enum Array {
 /// them; the sharded allocator's shards note which changed, to log each operation's changes
 /// without reading every value.
 pub trait StatSink: Default + std::fmt::Debug + Send {
-    /// Value `i` changed by `delta` (0 included: a call site's change may net to nothing).
-    fn note(&mut self, i: usize, delta: i64);
+    /// Value `i` rose by `delta` (> 0) and is now `now`; `all` is its array's `all` now (for
+    /// the oversize counters, which have no `all`, `now` again).
+    fn rose(&mut self, i: usize, delta: i64, now: i64, all: i64);
+    /// Value `i` changed by `delta` ≤ 0 (0 included: a call site's change may net to nothing).
+    fn fell(&mut self, i: usize, delta: i64);
 }
 
 /// The sink that ignores every change (the default engine's).
@@ -136,7 +144,9 @@ pub struct NoSink;
 
 impl StatSink for NoSink {
     #[inline(always)]
-    fn note(&mut self, _: usize, _: i64) {}
+    fn rose(&mut self, _: usize, _: i64, _: i64, _: i64) {}
+    #[inline(always)]
+    fn fell(&mut self, _: usize, _: i64) {}
 }
 
 /// The number of `oversize_allocations` among the values [`DeviceStats::pool_value`] numbers.
