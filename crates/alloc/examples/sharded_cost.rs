@@ -2,7 +2,8 @@
 //! the single-lock allocator, the sharded one while one stream is all it has seen, and the
 //! sharded one after a second stream (its shard bounded: checked against its ceilings, logged
 //! only past them). Simulated device.
-//! `cargo run --release -p cudamem-alloc --example sharded_cost`
+//! `cargo run --release -p cudamem-alloc --example sharded_cost` (`threads`: 1, 2, 4, 8 threads;
+//! `paired ROUNDS`: 1 against 2 threads in alternated bursts, for machines whose speed drifts)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,6 +43,11 @@ fn main() {
     // `sharded_cost one|solo|two` runs only that case (for a profiler); no argument runs all.
     let only = std::env::args().nth(1);
     let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
+    if only.as_deref() == Some("paired") {
+        // `sharded_cost paired [ROUNDS]`: 1 vs 2 threads, alternated in short bursts.
+        paired(std::env::args().nth(2).and_then(|r| r.parse().ok()).unwrap_or(40));
+        return;
+    }
     if only.as_deref() == Some("threads") {
         // `sharded_cost threads sharded`: the sharded allocator only (A/B runs).
         threads(std::env::args().nth(2).as_deref() == Some("sharded"));
@@ -117,4 +123,57 @@ fn threads(sharded_only: bool) {
             );
         }
     }
+}
+
+/// `sharded_cost paired ROUNDS`: on a machine whose speed drifts (a shared VM), compares 1 and 2
+/// threads where they ran at the same time: each round runs bursts of 200,000 pairs per thread
+/// (the `threads` loop) with one thread through the default one-lock allocator, one thread and
+/// two threads through the sharded one, in an order that alternates between rounds; and reports,
+/// per round, 2 threads sharded ÷ 1 thread of each allocator. Prints each round, then the
+/// medians and how many rounds had 2 threads at least as fast.
+fn paired(rounds: usize) {
+    const BURST: usize = 200_000;
+    let dev = || -> Arc<dyn Device> { Arc::new(SimDevice::default()) };
+    let one = CachingAllocator::with_policy(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+    let sh = ShardedAllocator::new(dev(), AllocatorConfig::default(), "cudamem").unwrap();
+    sh.free(sh.malloc(512, StreamId(99)).unwrap(), StreamId(99)).unwrap();
+    let rate = |sharded: bool, n: usize| {
+        let t = Instant::now();
+        cudamem_alloc::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, BURST);
+        (n * BURST) as f64 / t.elapsed().as_secs_f64() / 1e6
+    };
+    // Warm both (segments made, shards bounded).
+    rate(false, 1);
+    rate(true, 2);
+    println!("round  1 thread one lock  1 thread sharded  2 threads sharded  (M pairs/s)   2 sharded / 1 one-lock   2 sharded / 1 sharded");
+    let (mut vs_one, mut vs_sh) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let (a, b, c) = if r % 2 == 0 {
+            let a = rate(false, 1);
+            let b = rate(true, 1);
+            (a, b, rate(true, 2))
+        } else {
+            let c = rate(true, 2);
+            let b = rate(true, 1);
+            (rate(false, 1), b, c)
+        };
+        println!(
+            "{r:>5}  {a:>17.2}  {b:>16.2}  {c:>17.2}  {:>38.2}  {:>22.2}",
+            c / a,
+            c / b
+        );
+        vs_one.push(c / a);
+        vs_sh.push(c / b);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let at_least = |v: &[f64]| v.iter().filter(|&&x| x >= 1.0).count();
+    let (n1, n2) = (at_least(&vs_one), at_least(&vs_sh));
+    println!(
+        "median 2 threads sharded / 1 thread one lock: {:.2} ({n1} of {rounds} rounds >= 1); / 1 thread sharded: {:.2} ({n2} of {rounds} >= 1)",
+        median(&mut vs_one),
+        median(&mut vs_sh)
+    );
 }

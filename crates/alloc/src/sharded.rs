@@ -14,8 +14,9 @@
 //!     "current" values — 9 stat arrays × small/large pool, plus the two oversize counters —
 //!     and the 9 arrays' `all`), and the ceilings of all shards sum to at most the device's
 //!     peak: while every shard stays under its ceilings, no new peak can happen, so nothing is
-//!     logged or stamped. An operation costs one engine operation, 29 comparisons and one read
-//!     of a flag that nobody writes. Ceilings are set at every merge (see `settle`): the
+//!     logged or stamped. An operation costs one engine operation, two comparisons per value
+//!     it raised (its engine's [`StatSink`] compares the value and its array's `all` with their
+//!     ceilings as it changes them) and one read of a flag that nobody writes. Ceilings are set at every merge (see `settle`): the
 //!     headroom between peak and current total goes first to the shards that rose in the last
 //!     window, by how much they rose. One thread driving several streams stays here, and so do
 //!     threads that reach their highs together; threads whose phases drift apart keep making
@@ -23,9 +24,8 @@
 //!   - **Logged**. A shard that passes a ceiling raises the `alarm`; from then on every shard
 //!     appends to its own log the change of each tracked value after each operation, with a
 //!     timestamp taken under the shard's lock (why that order is exact: at
-//!     `ShardState::record`). It reads only the values the operation touched: the engine
-//!     notes each one as it changes it (its [`StatSink`] here sets a bit per change), which a
-//!     property test holds it to. A merge (when a log fills, and before every read of the
+//!     `ShardState::record`). It reads nothing back: the engine's sink has noted which
+//!     values the operation changed and by how much, which a property test holds it to. A merge (when a log fills, and before every read of the
 //!     stats) *cuts* a window: with every shard locked it takes every shard's log — one window
 //!     of time — and bounds every shard again (only the shards ever used do any work: the
 //!     others hold nothing, keep ceilings of 0, and log from their first operation).
@@ -1025,14 +1025,19 @@ impl ShardedAllocator {
 
     /// After an operation on shard `i` whose log has `len` entries: merge when due (at each
     /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]).
-    #[inline]
+    #[inline(always)]
     fn after_op(&self, len: usize) {
         if len >= MERGE_AT && len.is_multiple_of(MERGE_AT) {
-            if len >= MERGE_MUST {
-                self.merge(lock(&self.merged.aggregate));
-            } else if let Ok(agg) = self.merged.aggregate.try_lock() {
-                self.merge(agg);
-            }
+            self.merge_due(len);
+        }
+    }
+
+    #[cold]
+    fn merge_due(&self, len: usize) {
+        if len >= MERGE_MUST {
+            self.merge(lock(&self.merged.aggregate));
+        } else if let Ok(agg) = self.merged.aggregate.try_lock() {
+            self.merge(agg);
         }
     }
 
