@@ -3,7 +3,8 @@
 //! sharded one after a second stream (its shard bounded: checked against its ceilings, logged
 //! only past them). Simulated device.
 //! `cargo run --release -p cudamem-alloc --example sharded_cost` (`threads`: 1, 2, 4, 8 threads;
-//! `paired ROUNDS`: 1 against 2 threads in alternated bursts, for machines whose speed drifts)
+//! `paired ROUNDS`: 1 against 2 threads in alternated bursts, for machines whose speed drifts;
+//! `mixed THREADS MS`: `gpu_bench`'s mixed loop, sharded, with the share of operations logged)
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +47,12 @@ fn main() {
     if only.as_deref() == Some("paired") {
         // `sharded_cost paired [ROUNDS]`: 1 vs 2 threads, alternated in short bursts.
         paired(std::env::args().nth(2).and_then(|r| r.parse().ok()).unwrap_or(40));
+        return;
+    }
+    if only.as_deref() == Some("mixed") {
+        // `sharded_cost mixed [THREADS] [MS] [RESET_MS]`: gpu_bench's mixed loop, sharded.
+        let arg = |k: usize, d: u64| std::env::args().nth(k).and_then(|v| v.parse().ok()).unwrap_or(d);
+        mixed(arg(2, 8) as usize, arg(3, 2000), arg(4, 0));
         return;
     }
     if only.as_deref() == Some("threads") {
@@ -175,5 +182,68 @@ fn paired(rounds: usize) {
         "median 2 threads sharded / 1 thread one lock: {:.2} ({n1} of {rounds} rounds >= 1); / 1 thread sharded: {:.2} ({n2} of {rounds} >= 1)",
         median(&mut vs_one),
         median(&mut vs_sh)
+    );
+}
+
+/// `sharded_cost mixed THREADS MS [RESET_MS]`: `THREADS` threads (any number: on a machine
+/// with fewer cores they take turns, which drifts their phases apart as on a busy machine) on
+/// their own streams run `gpu_bench`'s mixed loop through the sharded allocator for `MS` ms —
+/// sizes of 512 B to 16 MiB, up to four live per thread, cache hits — and report pairs per
+/// second of all threads, merges, and how many operations logged. With `RESET_MS`, the peaks
+/// are reset that often (so the totals keep making new peaks: the worst case for logging).
+fn mixed(threads: usize, ms: u64, reset_ms: u64) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::default());
+    let sh = ShardedAllocator::new(dev, AllocatorConfig::default(), "cudamem").unwrap();
+    let stop = AtomicBool::new(false);
+    let t = Instant::now();
+    let pairs: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                let (sh, stop) = (&sh, &stop);
+                s.spawn(move || {
+                    let stream = StreamId(10 + k as u64);
+                    let mut live: Vec<u64> = Vec::with_capacity(4);
+                    for _ in 0..4 {
+                        let warm: Vec<_> = MIX.iter().map(|&m| sh.malloc(m, stream).unwrap()).collect();
+                        for p in warm {
+                            sh.free(p, stream).unwrap();
+                        }
+                    }
+                    let (mut i, mut pairs) = (k, 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..64 {
+                            live.push(sh.malloc(MIX[i % MIX.len()], stream).unwrap());
+                            if live.len() == 4 {
+                                sh.free(live.swap_remove(i % 4), stream).unwrap();
+                            }
+                            i = i.wrapping_mul(5).wrapping_add(1) % 1_000_003;
+                            pairs += 1;
+                        }
+                    }
+                    for p in live {
+                        sh.free(p, stream).unwrap();
+                    }
+                    pairs
+                })
+            })
+            .collect();
+        if reset_ms == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        } else {
+            while t.elapsed().as_millis() < ms as u128 {
+                std::thread::sleep(std::time::Duration::from_millis(reset_ms));
+                sh.reset_peak_memory_stats();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let secs = t.elapsed().as_secs_f64();
+    let (merges, replays) = sh.merge_counts();
+    println!(
+        "{threads} thread(s), mixed loop, sharded: {:.2} M pairs/s ({merges} merges, {replays} replaying; {:.0}% of operations logged)",
+        pairs as f64 / secs / 1e6,
+        100.0 * sh.logged_operations() as f64 / (2 * pairs).max(1) as f64
     );
 }
