@@ -88,19 +88,18 @@ use crate::summary::{self, StatsDict};
 /// Number of shards of a device: streams beyond this many share shards (correct, but they
 /// contend).
 pub const SHARDS: usize = 64;
-/// A shard's log is merged when it holds this many operations. A merge ends logging: in a
-/// steady state (values moving up and down within ranges the peaks already cover) shards pass
-/// their shares of the headroom now and then, and the sooner the merge after that, the fewer
-/// operations log. `sharded_cost mixed` (gpu_bench's mixed loop, 8 threads on the 2-core
-/// development machine): 64 logged 7–9% of the operations and ran 7.3–9.9 M pairs/s, 4096
-/// logged 84–87% at 4.7–5.9 M; with the peaks reset every millisecond (so that the totals keep
-/// making new peaks) 64 still did better (6.7 M, 21% logged, against 5.4–5.8 M, 86–90%).
-/// Thresholds that adapted to the share of operations logged (by time or by count) swung back
-/// up to 4096 and did no better than it there.
-const MERGE_AT: usize = 64;
+/// A shard's log is merged when it holds this many operations. Why not fewer, which ends the
+/// logging that a shard passing its ceiling starts sooner: on the 2-core development machine,
+/// `sharded_cost mixed` with 8 threads (which take turns there) logged 7–9% of its operations
+/// with merges at 64 entries against 84–87% at 4096, and ran faster (7.3–9.9 against 4.7–5.9 M
+/// pairs/s); but on the H200 machine, 8 threads on their own cores passed their ceilings again
+/// right after every merge (96–98% logged at 64), and merges, which lock every shard, came ten
+/// times as often (35,585 against 3,007 in a `gpu_bench` run): its 8 threads did 12.4 M pairs/s
+/// against 18.0–20.0 M at 4096 (`docs/gpu-runs/2026-12-01/session4/ab1/`).
+const MERGE_AT: usize = 4096;
 /// ...and its writer waits for a merge (instead of leaving it to a merge in progress) beyond
 /// this many, so that logs stay bounded.
-const MERGE_MUST: usize = 1024 * MERGE_AT;
+const MERGE_MUST: usize = 16 * MERGE_AT;
 /// Slots of the stream → shard table.
 const TABLE: usize = 1024;
 /// The "current" values whose peaks are tracked across shards: 9 arrays × (small, large), then
