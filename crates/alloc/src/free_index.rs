@@ -39,14 +39,21 @@ fn class_of(size: u64) -> usize {
     (EXACT_UNITS as usize) + ((e - 6) as usize) * (1 << SUB) + m as usize
 }
 
+/// `(size, addr)` as one number with the same order: one 128-bit comparison (two instructions)
+/// where the tuple's took a branch per field.
+#[inline(always)]
+fn key(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
+
 /// Position of the first entry ≥ `(size, addr)` in a sorted class vector. Classes hold a few
 /// entries as a rule (a class spans ≤ 3% of sizes), where a scan beats a binary search.
 #[inline]
 fn first_at_or_after(v: &[(u64, u64, BlockId)], size: u64, addr: u64) -> usize {
     if v.len() <= 8 {
-        v.iter().take_while(|e| (e.0, e.1) < (size, addr)).count()
+        v.iter().take_while(|e| key(e.0, e.1) < key(size, addr)).count()
     } else {
-        v.partition_point(|e| (e.0, e.1) < (size, addr))
+        v.partition_point(|e| key(e.0, e.1) < key(size, addr))
     }
 }
 

@@ -28,7 +28,10 @@ impl Stat {
     #[inline]
     pub fn increase(&mut self, n: u64) {
         self.current += n as i64;
-        self.peak = self.peak.max(self.current);
+        // A branch, not `max`: a new peak is rare in a steady state, and then nothing is stored.
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
         self.allocated += n as i64;
     }
     /// Subtracts `n` (PyTorch's `decrease_stat`).
