@@ -31,12 +31,13 @@ const WORDS: usize = CLASSES.div_ceil(64);
 #[inline]
 fn class_of(size: u64) -> usize {
     let units = size >> 9;
-    if units < EXACT_UNITS {
-        return units as usize;
-    }
-    let e = 63 - units.leading_zeros(); // floor(log2(units)) >= 6
-    let m = (units >> (e - SUB)) & ((1 << SUB) - 1);
-    (EXACT_UNITS as usize) + ((e - 6) as usize) * (1 << SUB) + m as usize
+    // The log-spaced formula, from 32 units up (where it gives `units` too), chosen without a
+    // branch: small and large sizes come mixed, and a branch here missed a quarter of the time.
+    let u = units.max(EXACT_UNITS / 2);
+    let e = 63 - u.leading_zeros(); // floor(log2(u)) >= 5
+    let m = (u >> (e - SUB)) & ((1 << SUB) - 1);
+    let logarithmic = (EXACT_UNITS as usize) + (e as usize) * (1 << SUB) + m as usize - 6 * (1 << SUB);
+    std::hint::select_unpredictable(units < EXACT_UNITS, units as usize, logarithmic)
 }
 
 /// `(size, addr)` as one number with the same order: one 128-bit comparison (two instructions)
@@ -418,6 +419,28 @@ mod tests {
             let c = class_of(s);
             assert!(c >= last && c < CLASSES, "{s}");
             last = c;
+        }
+    }
+
+    /// The branch-free `class_of` against its definition: one class per 512 B below 64 units,
+    /// then 32 per power of two.
+    #[test]
+    fn classes_follow_their_definition() {
+        let reference = |size: u64| {
+            let units = size >> 9;
+            if units < EXACT_UNITS {
+                return units as usize;
+            }
+            let e = 63 - units.leading_zeros();
+            let m = (units >> (e - SUB)) & ((1 << SUB) - 1);
+            (EXACT_UNITS as usize) + ((e - 6) as usize) * (1 << SUB) + m as usize
+        };
+        let edges = (0..64).flat_map(|b| {
+            let p = 1u64 << b;
+            [p - 1, p, p + 1, p | (p >> 1), p + 511]
+        });
+        for s in (0..(1u64 << 24)).step_by(173).chain(edges).chain([u64::MAX]) {
+            assert_eq!(class_of(s), reference(s), "{s}");
         }
     }
 

