@@ -134,8 +134,9 @@ pub(crate) enum Array {
 /// Values are numbered `2a` (small pool) and `2a + 1` (large pool) for the nine arrays in
 /// `memory_stats()`' alphabetical order (`active` … `segment`), then 18
 /// (`oversize_allocations`) and 19 (`oversize_segments`). The default, [`NoSink`], ignores
-/// them; the sharded allocator's shards note which changed, to log each operation's changes
-/// without reading every value.
+/// them; the sharded allocator's shards keep each operation's changes (to log them without
+/// reading any value back) and compare each rise with their ceilings as it happens. A rise and
+/// a fall are told apart because only a rise can pass a ceiling.
 pub trait StatSink: Default + std::fmt::Debug + Send {
     /// Value `i` rose by `delta` (> 0) and is now `now`; `all` is its array's `all` now (for
     /// the oversize counters, which have no `all`, `now` again).
