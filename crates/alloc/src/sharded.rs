@@ -304,13 +304,14 @@ struct Changes {
     ceiling: [i64; N],
     /// Per array: the highest its `all` may reach unlogged; the last entry, for the oversize
     /// counters (which have no `all`), is never reached.
-    ceiling_all: [i64; 10],
+    ceiling_all: [i64; S - N + 1],
 }
 
 impl Default for Changes {
     fn default() -> Self {
-        let mut ceiling_all = [0; 10];
-        ceiling_all[9] = i64::MAX;
+        let mut ceiling_all = [0; S - N + 1];
+        // The oversize counters' slot (`i >> 1` of 18 and 19): they have no `all`.
+        ceiling_all[S - N] = i64::MAX;
         Changes {
             mask: 0,
             over: false,

@@ -165,40 +165,6 @@ pub(crate) const OVERSIZE_SEGMENTS: usize = 19;
 /// then the two oversize counters.
 pub(crate) const POOL_VALUES: usize = 20;
 
-/// Byte offsets in [`DeviceStats`] of the arrays, in [`DeviceStats::arrays`]' order.
-const ARRAY_OFFSETS: [usize; 9] = {
-    use std::mem::offset_of;
-    [
-        offset_of!(DeviceStats, active),
-        offset_of!(DeviceStats, active_bytes),
-        offset_of!(DeviceStats, allocated_bytes),
-        offset_of!(DeviceStats, allocation),
-        offset_of!(DeviceStats, inactive_split),
-        offset_of!(DeviceStats, inactive_split_bytes),
-        offset_of!(DeviceStats, requested_bytes),
-        offset_of!(DeviceStats, reserved_bytes),
-        offset_of!(DeviceStats, segment),
-    ]
-};
-
-/// Byte offset of `current` of the stat `k` (0 all, 1 small, 2 large) of an array at `array`.
-const fn current_offset(array: usize, k: usize) -> usize {
-    array + std::mem::offset_of!(StatArray, 0) + k * std::mem::size_of::<Stat>() + std::mem::offset_of!(Stat, current)
-}
-
-/// Byte offsets of the values [`DeviceStats::pool_value`] reads.
-const POOL_VALUE_OFFSETS: [usize; POOL_VALUES] = {
-    let mut out = [0; POOL_VALUES];
-    let mut i = 0;
-    while i < 18 {
-        out[i] = current_offset(ARRAY_OFFSETS[i / 2], 1 + i % 2);
-        i += 1;
-    }
-    out[18] = std::mem::offset_of!(DeviceStats, oversize_allocations) + std::mem::offset_of!(Stat, current);
-    out[19] = std::mem::offset_of!(DeviceStats, oversize_segments) + std::mem::offset_of!(Stat, current);
-    out
-};
-
 /// PyTorch's `DeviceStats`: everything `memory_stats()` reports for one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -284,15 +250,14 @@ impl DeviceStats {
 
     /// Per-pool value `i` (see [`POOL_VALUES`]): `current` of array `i / 2`'s small (even `i`)
     /// or large (odd) pool, in [`Self::arrays`]' order; then `oversize_allocations` (18) and
-    /// `oversize_segments` (19). On the sharded allocator's hot path, for the few values an
-    /// operation touched: one load at an offset from a table, where a `match` made an indirect
-    /// jump per value.
-    #[inline]
+    /// `oversize_segments` (19). Off the hot path: the sharded allocator reads the values only
+    /// when a shard starts logging or the second shard starts (its sink keeps the changes).
     pub(crate) fn pool_value(&self, i: usize) -> i64 {
-        let offset = POOL_VALUE_OFFSETS[i];
-        // SAFETY: the table holds `offset_of!` offsets of `i64` fields of `DeviceStats` (the
-        // `current`s listed above), so the read is in bounds, aligned and of an `i64`.
-        unsafe { *(self as *const DeviceStats).cast::<u8>().add(offset).cast::<i64>() }
+        match i {
+            OVERSIZE_ALLOCATIONS => self.oversize_allocations.current,
+            OVERSIZE_SEGMENTS => self.oversize_segments.current,
+            _ => self.arrays()[i / 2].1 .0[1 + i % 2].current,
+        }
     }
 
     /// The array named `a`, mutable.
