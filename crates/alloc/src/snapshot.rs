@@ -98,7 +98,11 @@ impl<S: crate::stats::StatSink> Engine<S> {
                     size: b.size,
                     requested_size: b.requested,
                     state: st,
-                    stack: if st == BlockState::Inactive { None } else { b.stack },
+                    stack: if st == BlockState::Inactive {
+                        None
+                    } else {
+                        self.blocks.stack(id)
+                    },
                 });
             }
             segments.extend(open);

@@ -325,6 +325,25 @@ fn garbage_collection_frees_old_cached_blocks_without_synchronising() {
 }
 
 #[test]
+fn garbage_collection_releases_the_blocks_cached_longest() {
+    // A block's age is the number of large-pool lookups since it was cached; GC releases the
+    // blocks at least as old as the average until it has freed enough.
+    let (sim, a) = setup_with("garbage_collection_threshold:0.5", 1000 * MIB, EventMode::Immediate);
+    a.set_memory_fraction(0.5).unwrap(); // 500 MiB allowed, GC above 250 MiB
+    let (x, y) = (a.malloc(100 * MIB, S0).unwrap(), a.malloc(100 * MIB, S0).unwrap());
+    a.free(x).unwrap(); // cached after 2 lookups
+    let z = a.malloc(120 * MIB, S0).unwrap(); // lookup 3: no fit, a new segment (320 MiB in use)
+    a.free(y).unwrap();
+    a.free(z).unwrap(); // both cached after 3 lookups
+                        // Lookup 4: ages 2, 1, 1 (average 1.33); freeing x's 100 MiB covers the 70 MiB over.
+    a.malloc(150 * MIB, S0).unwrap();
+    assert_eq!(sim.counters().frees, 1, "only the oldest block is released");
+    assert_eq!(a.memory_reserved(), 370 * MIB);
+    assert!(a.malloc(100 * MIB, S0).unwrap() == y, "y stayed cached");
+    checked(&a);
+}
+
+#[test]
 fn expandable_segments_map_pages_and_unmap_free_pages_on_empty_cache() {
     let (sim, a) = setup("expandable_segments:True");
     let p = a.malloc(30 * MIB, S0).unwrap();

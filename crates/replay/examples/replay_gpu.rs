@@ -2,7 +2,10 @@
 //! side: peak reserved and device allocations must agree between the two devices; the real
 //! device's warm replay gives ns per allocator operation through the CUDA device.
 //! Usage: `replay_gpu [TRACE...]` (default: tests/data/*.pickle.gz). Without a GPU it says so
-//! and replays on the simulated device only.
+//! and replays on the simulated device only. The warm figure is the median of `REPEATS` passes
+//! (environment; default 21, 5 until 2026-12-01): a pass of the shortest trace takes about a
+//! millisecond, and on the GPU machine's shared CPUs a few slow passes weigh less in a median
+//! of more.
 
 use std::path::PathBuf;
 
@@ -20,6 +23,12 @@ fn main() {
             paths.push(PathBuf::from(format!("tests/data/{n}.pickle.gz")));
         }
     }
+    let repeats: usize = match std::env::var("REPEATS") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("REPEATS={v}: expected a number of passes")),
+        Err(_) => 21,
+    };
     let gpu = cudamem_cuda::is_available();
     if !gpu {
         println!(
@@ -27,6 +36,7 @@ fn main() {
             cudamem_cuda::unavailable_reason().unwrap_or_default()
         );
     }
+    println!("warm ns/op: median of {repeats} passes");
     println!("| trace | policy | sim peak reserved | cuda:0 peak reserved | sim dev allocs | cuda:0 dev allocs | agree | sim ns/op (warm) | cuda:0 ns/op (warm) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut disagreements = 0;
@@ -38,7 +48,7 @@ fn main() {
             // trace's free_completed, so both replay such frees at once.
             let base = ReplayOptions {
                 policy: policy.into(),
-                repeats: 5,
+                repeats,
                 warm: true,
                 plan_addresses: Some(false),
                 deferred_frees: false,
