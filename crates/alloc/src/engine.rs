@@ -446,6 +446,8 @@ impl<S: StatSink> Engine<S> {
             mapped: true,
             event_count: 0,
             stream_uses: None,
+            gc_count_base: 0,
+            stack: None,
             expandable,
             oversize: false,
         }
@@ -493,8 +495,8 @@ impl<S: StatSink> Engine<S> {
         let b = &mut self.blocks[block];
         b.allocated = true;
         b.requested = orig_size;
+        b.stack = stack;
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
-        self.blocks.set_stack(block, stack);
         self.trace(Action::Alloc, addr, orig_size, stream, stack);
         self.allocated.insert(addr, block);
         self.stat_up(Array::Allocation, small, 1);
@@ -514,12 +516,11 @@ impl<S: StatSink> Engine<S> {
     /// Puts a free block in its pool's free set (mapped) or unmapped set.
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
-        let b = &self.blocks[id];
+        let b = &mut self.blocks[id];
         let pool = &mut self.pools[b.pool.0 as usize];
         if b.mapped {
+            b.gc_count_base = pool.get_free_blocks_call_count;
             pool.blocks.insert(Pool::size_key(id, b));
-            let count = pool.get_free_blocks_call_count;
-            self.blocks.set_gc_base(id, count);
         } else {
             pool.unmapped.insert(Pool::addr_key(id, b));
         }
@@ -754,8 +755,7 @@ impl<S: StatSink> Engine<S> {
         let small = self.is_small(self.blocks[id].pool);
         let b = &mut self.blocks[id];
         b.allocated = false;
-        let (size, requested, stream) = (b.size, b.requested, b.stream);
-        let stack = self.blocks.stack(id);
+        let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
         self.stat_down(Array::Allocation, small, 1);
         self.stat_down(Array::AllocatedBytes, small, size);
         let free_stack = if self.history.context >= crate::history::RecordContext::All {
@@ -799,18 +799,10 @@ impl<S: StatSink> Engine<S> {
         let (addr, requested, stream, stack, original_size, pool, expandable) = {
             let b = &self.blocks[id];
             debug_assert!(b.is_free());
-            (
-                b.addr,
-                b.requested,
-                b.stream,
-                self.blocks.stack(id),
-                b.size,
-                b.pool,
-                b.expandable,
-            )
+            (b.addr, b.requested, b.stream, b.stack, b.size, b.pool, b.expandable)
         };
         self.trace(Action::FreeCompleted, addr, requested, stream, stack);
-        self.blocks.set_stack(id, None);
+        self.blocks[id].stack = None;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for cand in [self.blocks[id].prev, self.blocks[id].next] {
@@ -1094,7 +1086,7 @@ impl<S: StatSink> Engine<S> {
         let large: Vec<usize> = (0..self.pools.len()).filter(|&i| !self.pools[i].is_small).collect();
         let age = |e: &Engine<S>, id: BlockId| {
             let b = &e.blocks[id];
-            e.pools[b.pool.0 as usize].get_free_blocks_call_count - e.blocks.gc_base(id)
+            e.pools[b.pool.0 as usize].get_free_blocks_call_count - b.gc_count_base
         };
         let freeable = |e: &Engine<S>| -> Vec<BlockId> {
             large

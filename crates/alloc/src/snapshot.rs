@@ -98,11 +98,7 @@ impl<S: crate::stats::StatSink> Engine<S> {
                     size: b.size,
                     requested_size: b.requested,
                     state: st,
-                    stack: if st == BlockState::Inactive {
-                        None
-                    } else {
-                        self.blocks.stack(id)
-                    },
+                    stack: if st == BlockState::Inactive { None } else { b.stack },
                 });
             }
             segments.extend(open);
