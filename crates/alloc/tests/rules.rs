@@ -333,9 +333,10 @@ fn garbage_collection_releases_the_blocks_cached_longest() {
     let (x, y) = (a.malloc(100 * MIB, S0).unwrap(), a.malloc(100 * MIB, S0).unwrap());
     a.free(x).unwrap(); // cached after 2 lookups
     let z = a.malloc(120 * MIB, S0).unwrap(); // lookup 3: no fit, a new segment (320 MiB in use)
+                                              // y and z are cached after 3 lookups. Lookup 4 finds no fit for 150 MiB: ages 2, 1, 1
+                                              // (average 1.33), and releasing x's 100 MiB covers the 70 MiB over the threshold.
     a.free(y).unwrap();
-    a.free(z).unwrap(); // both cached after 3 lookups
-                        // Lookup 4: ages 2, 1, 1 (average 1.33); freeing x's 100 MiB covers the 70 MiB over.
+    a.free(z).unwrap();
     a.malloc(150 * MIB, S0).unwrap();
     assert_eq!(sim.counters().frees, 1, "only the oldest block is released");
     assert_eq!(a.memory_reserved(), 370 * MIB);

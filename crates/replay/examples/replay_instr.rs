@@ -8,10 +8,14 @@ use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayO
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let path = args.next().expect("usage: replay_instr TRACE [policy] [passes]");
+    let path = args.next().expect("usage: replay_instr TRACE [policy] [passes] [warm]");
     let policy = args.next().unwrap_or_else(|| "cudamem".into());
     let passes: usize = args.next().map_or(3, |s| s.parse().expect("passes: a number"));
-    let warm = args.next().is_some_and(|s| s == "warm");
+    let warm = match args.next().as_deref() {
+        None => false,
+        Some("warm") => true,
+        Some(other) => panic!("the fourth argument is `warm` or nothing, not '{other}'"),
+    };
     let trace = cudamem_trace::read_path(std::path::Path::new(&path)).unwrap();
     let p = Program::compile(&trace.devices[0]);
     let opts = ReplayOptions {
@@ -28,10 +32,13 @@ fn main() {
         }
         let (target, alloc) = first.as_ref().unwrap();
         let mut e = alloc.lock();
-        for s in slots.iter_mut().filter(|s| **s != 0) {
-            e.free(std::mem::take(s)).unwrap();
+        if warm {
+            // What the last pass left live goes back to the cache, as `replay --warm` does.
+            for s in slots.iter_mut().filter(|s| **s != 0) {
+                e.free(std::mem::take(s)).unwrap();
+            }
+            e.process_events();
         }
-        e.process_events();
         total += run_once(&p, &mut e, target, &mut slots, false).0;
     }
     println!(
