@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== Rust workspace tests"
 cargo test --workspace --profile ci --locked
+echo "== The GPU tests again, with their output (without a GPU each one says SKIPPED and why)"
+cargo test --profile ci --locked -p cudamem-cuda --test gpu_device -p cudamem --test gpu_allocator \
+    -- --nocapture --test-threads=1 2>&1 | grep -E "^test |SKIPPED|^test result"
 echo "== Python package tests"
 bash python/build_and_test.sh
 echo "== The HTML viewer in headless Chromium"
