@@ -24,9 +24,13 @@ fn main() {
         }
     }
     let repeats: usize = match std::env::var("REPEATS") {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("REPEATS={v}: expected a number of passes")),
+        Ok(v) => match v.parse() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("replay_gpu: REPEATS={v}: expected a number of warm passes, 1 or more");
+                std::process::exit(2);
+            }
+        },
         Err(_) => 21,
     };
     let gpu = cudamem_cuda::is_available();
