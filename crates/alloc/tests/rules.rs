@@ -331,10 +331,12 @@ fn garbage_collection_releases_the_blocks_cached_longest() {
     let (sim, a) = setup_with("garbage_collection_threshold:0.5", 1000 * MIB, EventMode::Immediate);
     a.set_memory_fraction(0.5).unwrap(); // 500 MiB allowed, GC above 250 MiB
     let (x, y) = (a.malloc(100 * MIB, S0).unwrap(), a.malloc(100 * MIB, S0).unwrap());
-    a.free(x).unwrap(); // cached after 2 lookups
-    let z = a.malloc(120 * MIB, S0).unwrap(); // lookup 3: no fit, a new segment (320 MiB in use)
-                                              // y and z are cached after 3 lookups. Lookup 4 finds no fit for 150 MiB: ages 2, 1, 1
-                                              // (average 1.33), and releasing x's 100 MiB covers the 70 MiB over the threshold.
+    // x is cached after 2 lookups; lookup 3 finds no fit for 120 MiB: a new segment (320 MiB
+    // in use).
+    a.free(x).unwrap();
+    let z = a.malloc(120 * MIB, S0).unwrap();
+    // y and z are cached after 3 lookups. Lookup 4 finds no fit for 150 MiB: ages 2, 1, 1
+    // (average 1.33), and releasing x's 100 MiB covers the 70 MiB over the threshold.
     a.free(y).unwrap();
     a.free(z).unwrap();
     a.malloc(150 * MIB, S0).unwrap();

@@ -4,7 +4,7 @@
 //! With `warm`, the passes after the first run on the first pass's allocator (its cache full,
 //! as `replay --warm` times them); the warm cost of a pass is then the difference between
 //! `passes` = N + 1 and `passes` = 1, divided by N.
-use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
+use cudamem_replay::{effective_config, free_leftovers, new_allocator, run_once, Program, ReplayOptions};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -33,11 +33,7 @@ fn main() {
         let (target, alloc) = first.as_ref().unwrap();
         let mut e = alloc.lock();
         if warm {
-            // What the last pass left live goes back to the cache, as `replay --warm` does.
-            for s in slots.iter_mut().filter(|s| **s != 0) {
-                e.free(std::mem::take(s)).unwrap();
-            }
-            e.process_events();
+            free_leftovers(&mut e, &mut slots); // as `replay --warm` does
         }
         total += run_once(&p, &mut e, target, &mut slots, false).0;
     }

@@ -270,7 +270,7 @@ pub fn run_once(
 }
 
 /// Frees what a pass left live (untimed), so that a warm pass starts like the first one.
-fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
+pub fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
     for s in slots.iter_mut() {
         if *s != 0 {
             let _ = e.free(std::mem::take(s));
