@@ -3,9 +3,11 @@
 # in gpu-out/ (carry gpu-out): the machine (lscpu, nvidia-smi), then
 #   gpu_bench   x RUNS  cache-hit pair latency through the CUDA device beside cuMemAlloc/
 #                       cuMemAllocAsync, and 1/2/4/8-thread throughput, one lock and sharded
+#                       (5 rounds of 500 ms each; medians of the rounds)
 #   sharded_cost x RUNS one thread: one lock / sharded on one stream / sharded, two streams
 #                       seen; then `threads`: 1-8 threads of immediate alloc+free pairs
 #   replay_gpu          every shared trace on the simulated device and cuda:0, warm ns per op
+#                       (5 rounds of the whole table; medians of the rounds)
 # Outputs go to $OUT (or gpu-out/bench) as one file per run; a summary of the threads rows ends
 # the output. RUNS defaults to 3: these virtual machines vary a lot from minute to minute.
 set -uo pipefail

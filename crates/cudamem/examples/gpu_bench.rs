@@ -1,7 +1,7 @@
 //! What a cache hit costs, against the driver, and how the allocator scales over threads.
 //!
 //! ```text
-//! gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS]
+//! gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS] [--rounds R]
 //! ```
 //!
 //! 1. **Latency** of one allocation + free pair, for 512 B, 64 KiB, 1 MiB, 16 MiB and 64 MiB:
@@ -15,10 +15,16 @@
 //!      in the pool, the driver's own caching), each pair timed on its own, median.
 //! 2. **Throughput** over threads: T = 1, 2, 4, 8 threads share one allocator; each allocates
 //!    and frees on its own stream, mixed sizes (512 B to 16 MiB, up to four live at once), all
-//!    cache hits after a warm-up, for a fixed time. Reported: alloc+free pairs per second, all
-//!    threads together, and the ratio to one thread — once with the default allocator (one
-//!    mutex per device, as in PyTorch), once with `sharded:True` (one engine and mutex per
-//!    group of streams, `cudamem_alloc::sharded`), whose cache-hit pair latency is also shown.
+//!    cache hits after a warm-up, for a fixed time (`--duration-ms`, default 500; 1000 until
+//!    2026-12-01). Reported: alloc+free pairs per second, all threads together, and the ratio
+//!    to one thread — once with the default allocator (one mutex per device, as in PyTorch),
+//!    once with `sharded:True` (one engine and mutex per group of streams,
+//!    `cudamem_alloc::sharded`), whose cache-hit pair latency is also shown. The 1, 2, 4, 8
+//!    sequence is measured `--rounds` times (default 5; once until 2026-12-01): pairs/s is the
+//!    median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
+//!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine
+//!    switches between two speeds about 1.5× apart within seconds, so one measurement of each
+//!    thread count compared two moments as much as two thread counts.
 //!
 //! Prints two markdown tables, then one JSON line per figure. Without a CUDA device (or with
 //! `--device sim`) the cudamem figures are measured on the simulated device, which says so, and
@@ -194,7 +200,8 @@ fn throughput(allocs: &[Allocator], streams: &[Stream], threads: usize, dur: Dur
 fn main() {
     let mut device = "auto".to_string();
     let mut iters = 2000usize;
-    let mut duration_ms = 1000u64;
+    let mut duration_ms = 500u64;
+    let mut rounds = 5usize;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next();
@@ -202,10 +209,17 @@ fn main() {
             "--device" => value.map(|v| device = v).is_some(),
             "--iters" => value.and_then(|v| v.parse().ok()).map(|v| iters = v).is_some(),
             "--duration-ms" => value.and_then(|v| v.parse().ok()).map(|v| duration_ms = v).is_some(),
+            "--rounds" => value
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .map(|v| rounds = v)
+                .is_some(),
             _ => false,
         };
         if !ok {
-            eprintln!("usage: gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS]");
+            eprintln!(
+                "usage: gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS] [--rounds R (1 or more)]"
+            );
             std::process::exit(2);
         }
     }
@@ -223,7 +237,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = run(&a, &b, &own, iters, Duration::from_millis(duration_ms)) {
+    if let Err(e) = run(&a, &b, &own, iters, Duration::from_millis(duration_ms), rounds) {
         eprintln!("gpu_bench: {e}");
         std::process::exit(1);
     }
@@ -245,6 +259,7 @@ fn run(
     own: &[Allocator],
     iters: usize,
     dur: Duration,
+    rounds: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let dev = a.device_name();
     let (_, total) = a.mem_get_info()?;
@@ -343,31 +358,46 @@ fn run(
         let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
             .map(|t| allocs[t % allocs.len()].create_stream())
             .collect::<Result<_, _>>()?;
-        let mut rows = Vec::new();
-        for &t in &THREADS {
-            rows.push((t, throughput(allocs, &streams, t, dur)));
-        }
+        // by_round[r][i]: pairs/s of THREADS[i] threads in round r.
+        let by_round: Vec<Vec<f64>> = (0..rounds)
+            .map(|_| THREADS.iter().map(|&t| throughput(allocs, &streams, t, dur)).collect())
+            .collect();
+        let rows: Vec<(usize, f64, Vec<f64>)> = THREADS
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let ops: Vec<f64> = by_round.iter().map(|r| r[i]).collect();
+                let ratios = by_round.iter().map(|r| r[i] / r[0]).collect();
+                (t, median(ops), ratios)
+            })
+            .collect();
         let base = rows[0].1;
         if !al.is_sharded() && !independent {
             base_one = base;
         }
         println!();
         println!(
-            "## throughput, {label}: threads on their own streams, mixed sizes, cache hits, {} ms each",
+            "## throughput, {label}: threads on their own streams, mixed sizes, cache hits, {} ms each, {rounds} rounds",
             dur.as_millis()
         );
         println!();
         println!(
-            "| threads | alloc+free pairs/s (all threads) | ratio to 1 thread | ratio to 1 thread, default allocator |"
+            "| threads | alloc+free pairs/s (all threads, median of rounds) | ratio to 1 thread (median of rounds' ratios) | rounds' ratios, range | ratio to 1 thread, default allocator |"
         );
-        println!("|---:|---:|---:|---:|");
-        for &(t, ops) in &rows {
-            println!("| {t} | {ops:.0} | {:.2} | {:.2} |", ops / base, ops / base_one);
+        println!("|---:|---:|---:|---:|---:|");
+        for (t, ops, ratios) in &rows {
+            let (t, ops) = (*t, *ops);
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let ratio = median(ratios.clone());
+            println!(
+                "| {t} | {ops:.0} | {ratio:.2} | {lo:.2}–{hi:.2} | {:.2} |",
+                ops / base_one
+            );
             json.push(format!(
                 "{{\"bench\":\"gpu_bench\",\"figure\":\"throughput_pairs_per_s\",\"device\":\"{dev}\",\
-                 \"sharded\":{},\"independent\":{independent},\"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{:.3},\"duration_ms\":{}}}",
+                 \"sharded\":{},\"independent\":{independent},\"threads\":{t},\"pairs_per_s\":{ops:.0},\"ratio_to_1_thread\":{ratio:.3},\"duration_ms\":{},\"rounds\":{rounds}}}",
                 al.is_sharded(),
-                ops / base,
                 dur.as_millis()
             ));
         }

@@ -6,6 +6,19 @@
 //! (environment; default 21, 5 until 2026-12-01): a pass of the shortest trace takes about a
 //! millisecond, and on the GPU machine's shared CPUs a few slow passes weigh less in a median
 //! of more.
+//!
+//! The whole table is measured `ROUNDS` times (environment; default 5; 1 until 2026-12-01) and
+//! each ns/op cell is the median of its rounds, with their range beside it. The GPU machine
+//! runs at one of two speeds, about 1.5× apart, switching within a second (sim-only runs of
+//! gpt2_train there: 72–81 or 108–125 ns/op, whatever came before); one row's 21 passes take a
+//! few tens of milliseconds and so sample one speed, which a median over rounds spread across
+//! the run does not (docs/gpu-runs/2026-12-01/session7). Peaks and device allocations must
+//! agree in every round.
+//!
+//! Beside each row, a clock probe: a chain of dependent multiplications timed right before the
+//! row, converted to GHz at 3 cycles each (the latency of `imul` on current x86 cores). It
+//! tells a slower clock (the probe slows as much as the replay) from a busy neighbour on the same
+//! core or cache (the replay slows, the probe barely). The rounds' rows follow the table.
 
 use std::path::PathBuf;
 
@@ -23,16 +36,8 @@ fn main() {
             paths.push(PathBuf::from(format!("tests/data/{n}.pickle.gz")));
         }
     }
-    let repeats: usize = match std::env::var("REPEATS") {
-        Ok(v) => match v.parse() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("replay_gpu: REPEATS={v}: expected a number of warm passes, 1 or more");
-                std::process::exit(2);
-            }
-        },
-        Err(_) => 21,
-    };
+    let repeats = count_from_env("REPEATS", 21, "warm passes");
+    let rounds = count_from_env("ROUNDS", 5, "rounds");
     let gpu = cudamem_cuda::is_available();
     if !gpu {
         println!(
@@ -40,59 +45,183 @@ fn main() {
             cudamem_cuda::unavailable_reason().unwrap_or_default()
         );
     }
-    println!("warm ns/op: median of {repeats} passes");
-    println!("| trace | policy | sim peak reserved | cuda:0 peak reserved | sim dev allocs | cuda:0 dev allocs | agree | sim ns/op (warm) | cuda:0 ns/op (warm) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let traces: Vec<(String, _)> = paths
+        .iter()
+        .map(|path| {
+            let trace = cudamem_trace::read_path(path).expect("trace loads");
+            let name = path.file_name().unwrap().to_string_lossy().replace(".pickle.gz", "");
+            (name, trace)
+        })
+        .collect();
+    const POLICIES: [&str; 4] = ["pytorch", "pytorch-expandable", "cudamem", "cudamem-compact"];
+    // rows[trace × policy]: the first round's peaks and allocations, and every round's ns/op.
+    let mut rows: Vec<Row> = Vec::new();
     let mut disagreements = 0;
-    for path in &paths {
-        let trace = cudamem_trace::read_path(path).expect("trace loads");
-        let name = path.file_name().unwrap().to_string_lossy().replace(".pickle.gz", "");
-        for policy in ["pytorch", "pytorch-expandable", "cudamem", "cudamem-compact"] {
-            // Deferred frees off on both sides: a real device cannot hold a stream back until a
-            // trace's free_completed, so both replay such frees at once.
-            let base = ReplayOptions {
-                policy: policy.into(),
-                repeats,
-                warm: true,
-                plan_addresses: Some(false),
-                deferred_frees: false,
-                ..ReplayOptions::default()
-            };
-            let s = replay(&trace, &base).expect("sim replay");
-            let sd = &s.devices[0];
-            let (cp, ca, cns, agree) = if gpu {
-                let c = replay(
-                    &trace,
-                    &ReplayOptions {
-                        device: "cuda:0".into(),
-                        ..base.clone()
-                    },
-                )
-                .expect("cuda replay");
-                let cd = &c.devices[0];
-                let agree = cd.peak_reserved_bytes == sd.peak_reserved_bytes
-                    && cd.device_allocs == sd.device_allocs
-                    && cd.ooms == 0;
-                if !agree {
+    for round in 0..rounds {
+        for (t, (_, trace)) in traces.iter().enumerate() {
+            for (p, policy) in POLICIES.iter().enumerate() {
+                // Deferred frees off on both sides: a real device cannot hold a stream back
+                // until a trace's free_completed, so both replay such frees at once.
+                let base = ReplayOptions {
+                    policy: (*policy).into(),
+                    repeats,
+                    warm: true,
+                    plan_addresses: Some(false),
+                    deferred_frees: false,
+                    ..ReplayOptions::default()
+                };
+                let ghz = clock_probe_ghz();
+                let s = replay(trace, &base).expect("sim replay");
+                let sd = &s.devices[0];
+                let cuda = gpu.then(|| {
+                    let c = replay(
+                        trace,
+                        &ReplayOptions {
+                            device: "cuda:0".into(),
+                            ..base.clone()
+                        },
+                    )
+                    .expect("cuda replay");
+                    c.devices[0].clone()
+                });
+                if round == 0 {
+                    rows.push(Row {
+                        sim_peak: sd.peak_reserved_bytes,
+                        sim_allocs: sd.device_allocs,
+                        cuda_peak: cuda.as_ref().map(|c| c.peak_reserved_bytes),
+                        cuda_allocs: cuda.as_ref().map(|c| c.device_allocs),
+                        agree: true,
+                        sim_ns: Vec::new(),
+                        ghz: Vec::new(),
+                        cuda_ns: Vec::new(),
+                    });
+                }
+                let row = &mut rows[t * POLICIES.len() + p];
+                // Every round must give the first round's figures, and the real device the
+                // simulated one's.
+                let same_sim = sd.peak_reserved_bytes == row.sim_peak && sd.device_allocs == row.sim_allocs;
+                let same_cuda = cuda.as_ref().is_none_or(|c| {
+                    c.peak_reserved_bytes == row.sim_peak && c.device_allocs == row.sim_allocs && c.ooms == 0
+                });
+                if row.agree && !(same_sim && same_cuda) {
+                    row.agree = false;
                     disagreements += 1;
                 }
-                (
-                    cd.peak_reserved_bytes.to_string(),
-                    cd.device_allocs.to_string(),
-                    format!("{:.1}", cd.replay_ns_per_op),
-                    agree.to_string(),
-                )
-            } else {
-                ("n/a".into(), "n/a".into(), "n/a".into(), "n/a".into())
-            };
+                row.sim_ns.push(sd.replay_ns_per_op);
+                row.ghz.push(ghz);
+                if let Some(c) = &cuda {
+                    row.cuda_ns.push(c.replay_ns_per_op);
+                }
+            }
+        }
+    }
+    println!("warm ns/op: median of {rounds} rounds (range in brackets), each the median of {repeats} passes");
+    println!("| trace | policy | sim peak reserved | cuda:0 peak reserved | sim dev allocs | cuda:0 dev allocs | agree | sim ns/op (warm) | cuda:0 ns/op (warm) | clock probe, GHz |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (t, (name, _)) in traces.iter().enumerate() {
+        for (p, policy) in POLICIES.iter().enumerate() {
+            let row = &rows[t * POLICIES.len() + p];
+            let na = || "n/a".to_string();
             println!(
-                "| {name} | {policy} | {} | {cp} | {} | {ca} | {agree} | {:.1} | {cns} |",
-                sd.peak_reserved_bytes, sd.device_allocs, sd.replay_ns_per_op
+                "| {name} | {policy} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.sim_peak,
+                row.cuda_peak.map_or_else(na, |v| v.to_string()),
+                row.sim_allocs,
+                row.cuda_allocs.map_or_else(na, |v| v.to_string()),
+                if gpu { row.agree.to_string() } else { na() },
+                summary(&row.sim_ns),
+                if gpu { summary(&row.cuda_ns) } else { na() },
+                summary(&row.ghz),
             );
+        }
+    }
+    if rounds > 1 {
+        println!();
+        println!("rounds: clock probe GHz / sim ns/op / cuda:0 ns/op, round by round");
+        println!("| trace | policy | round 1 | ... |");
+        println!("|---|---|---|---|");
+        for (t, (name, _)) in traces.iter().enumerate() {
+            for (p, policy) in POLICIES.iter().enumerate() {
+                let row = &rows[t * POLICIES.len() + p];
+                let cells: Vec<String> = (0..rounds)
+                    .map(|r| {
+                        let cuda = row.cuda_ns.get(r).map_or("n/a".into(), |v| format!("{v:.1}"));
+                        format!("{:.2} / {:.1} / {cuda}", row.ghz[r], row.sim_ns[r])
+                    })
+                    .collect();
+                println!("| {name} | {policy} | {} |", cells.join(" | "));
+            }
         }
     }
     println!("disagreements: {disagreements}");
     if disagreements > 0 {
         std::process::exit(1);
+    }
+}
+
+/// One table row: a trace replayed with one policy.
+struct Row {
+    sim_peak: u64,
+    sim_allocs: u64,
+    cuda_peak: Option<u64>,
+    cuda_allocs: Option<u64>,
+    agree: bool,
+    sim_ns: Vec<f64>,
+    /// The clock probe before each round's replays.
+    ghz: Vec<f64>,
+    cuda_ns: Vec<f64>,
+}
+
+/// The core's clock in GHz, estimated from 2^21 dependent 64-bit multiplications at 3 cycles each
+/// (a few milliseconds). In assembly, so that the compiler can neither fold nor reorder the chain.
+#[cfg(target_arch = "x86_64")]
+fn clock_probe_ghz() -> f64 {
+    const N: u64 = 1 << 21;
+    let start = std::time::Instant::now();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..N / 8 {
+        // SAFETY: register arithmetic only: no memory, stack or flags anyone relies on.
+        unsafe {
+            std::arch::asm!(
+                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
+                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
+                x = inout(reg) x,
+                options(nomem, nostack, pure),
+            );
+        }
+    }
+    std::hint::black_box(x);
+    (3 * N) as f64 / start.elapsed().as_nanos() as f64
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn clock_probe_ghz() -> f64 {
+    f64::NAN
+}
+
+/// "median [min–max]" of per-round figures; just the figure for one round.
+fn summary(v: &[f64]) -> String {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = v[v.len() / 2];
+    if v.len() == 1 {
+        format!("{median:.1}")
+    } else {
+        format!("{median:.1} [{:.1}–{:.1}]", v[0], v[v.len() - 1])
+    }
+}
+
+/// A count of 1 or more from the environment variable `var`, `default` when unset; anything
+/// else ends the program with a message (exit 2).
+fn count_from_env(var: &str, default: usize, what: &str) -> usize {
+    match std::env::var(var) {
+        Ok(v) => match v.parse() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("replay_gpu: {var}={v}: expected a number of {what}, 1 or more");
+                std::process::exit(2);
+            }
+        },
+        Err(_) => default,
     }
 }
