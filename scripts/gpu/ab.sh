@@ -9,6 +9,10 @@
 # sharded:True, one allocator per thread: pairs/s, ÷ 1 thread, ÷ default's 1 thread), the
 # sharded merges line, and the replay table. Full outputs go to $AB_OUT/ab-NAME-ROUND.txt if
 # AB_OUT is set (not $OUT: a device call returns at most 8 files).
+# replay_gpu runs REPLAY_ROUNDS rounds of its table per A/B round (default 1: the alternation is
+# the rounds here; ROUNDS, this script's own, is not passed on). gpu_bench measures its threads
+# in 5 rounds of 500 ms from f6ce474 on, once for 1000 ms before: compare builds from the same
+# side of that commit.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-2}
@@ -25,7 +29,7 @@ for r in $(seq 1 "$rounds"); do
         f=$tmp/ab-$name-$r.txt
         start=$(date +%s)
         "$dir/gpu_bench" --device cuda:0 >"$f" 2>&1
-        [ -x "$dir/replay_gpu" ] && "$dir/replay_gpu" >>"$f" 2>&1
+        [ -x "$dir/replay_gpu" ] && ROUNDS=${REPLAY_ROUNDS:-1} "$dir/replay_gpu" >>"$f" 2>&1
         echo "== round $r $name ($(( $(date +%s) - start )) s)"
         grep -E "^\| [0-9]+ (B|KiB|MiB) \| [0-9]+ \| [0-9]+ \|" "$f" | head -5
         grep -E "^\| [18] \| [0-9]+ \|" "$f"
