@@ -138,8 +138,9 @@ fn main() {
     if rounds > 1 {
         println!();
         println!("rounds: clock probe GHz / sim ns/op / cuda:0 ns/op, round by round");
-        println!("| trace | policy | round 1 | ... |");
-        println!("|---|---|---|---|");
+        let heads: Vec<String> = (1..=rounds).map(|r| format!("round {r}")).collect();
+        println!("| trace | policy | {} |", heads.join(" | "));
+        println!("|---|---|{}", "---|".repeat(rounds));
         for (t, (name, _)) in traces.iter().enumerate() {
             for (p, policy) in POLICIES.iter().enumerate() {
                 let row = &rows[t * POLICIES.len() + p];
