@@ -10,6 +10,8 @@ cargo test --workspace --profile ci --locked
 echo "== The GPU tests again, with their output (without a GPU each one says SKIPPED and why)"
 cargo test --profile ci --locked -p cudamem-cuda --test gpu_device -p cudamem --test gpu_allocator \
     -- --nocapture --test-threads=1 2>&1 | grep -E "^test |SKIPPED|^test result"
+echo "== The GPU targets' judge (scripts/gpu/targets.py) on recorded H200 outputs"
+python3 scripts/gpu/targets.py --self-test
 echo "== Python package tests"
 bash python/build_and_test.sh
 echo "== The HTML viewer in headless Chromium"

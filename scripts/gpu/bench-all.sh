@@ -8,8 +8,9 @@
 #                       seen; then `threads`: 1-8 threads of immediate alloc+free pairs
 #   replay_gpu          every shared trace on the simulated device and cuda:0, warm ns per op
 #                       (5 rounds of the whole table; medians of the rounds)
-# Outputs go to $OUT (or gpu-out/bench) as one file per run; a summary of the threads rows ends
-# the output. RUNS defaults to 3: these virtual machines vary a lot from minute to minute.
+# Outputs go to $OUT (or gpu-out/bench) as one file per run; a summary of the threads rows and
+# the targets' verdicts (scripts/gpu/targets.py) end the output. RUNS defaults to 3: these
+# virtual machines vary a lot from minute to minute.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out/bench}
@@ -31,3 +32,5 @@ for i in $(seq 1 "$runs"); do
 done
 echo "== replay_gpu"
 cat "$out/replay_gpu.txt"
+echo "== issue #7's targets, run by run (scripts/gpu/targets.py)"
+if command -v python3 >/dev/null; then python3 scripts/gpu/targets.py "$out"; else echo "python3 not found: not judged"; fi

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Issue #7's H200 targets, judged from the outputs of `gpu_bench` and `replay_gpu`.
+
+    python3 scripts/gpu/targets.py DIR_OR_FILE...
+
+Reads the files named, or in a directory (searched recursively) every `.txt` whose name contains
+`gpu_bench` or `replay_gpu`, and prints, per file and per output found in it, whether each
+target holds:
+
+* gpu_bench, pair: the cudamem cache-hit alloc+free pair through the CUDA device is at most
+  200 ns (100 per operation) at every size of the latency table;
+* gpu_bench, threads: with `sharded:True`, 8 threads reach at least 4x one thread (the table's
+  "ratio to 1 thread" column: since f6ce474 the median of the rounds' own ratios);
+* replay_gpu: the cuda:0 warm ns/op of every trace is at most 100 with both the `pytorch` and
+  the `cudamem` policy (since f6ce474 the cell's median of rounds), and the run printed
+  "disagreements: 0".
+
+A file whose figures are missing (no GPU: "n/a" columns; a run cut short) is reported as such,
+never as met. Exit status: 0 if every target judged held in every file, 1 otherwise, 2 on a
+usage error. `--self-test` checks the parser on the seventh session's outputs in docs/gpu-runs.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+PAIR_LIMIT_NS = 200.0
+THREAD_RATIO = 4.0
+REPLAY_LIMIT_NS = 100.0
+NUMBER = re.compile(r"^-?[0-9]+(?:\.[0-9]+)?")
+
+
+def first_number(cell):
+    """The leading number of a table cell ("99.3 [70.1–127.1]" -> 99.3), None if there is none."""
+    m = NUMBER.match(cell.strip())
+    return float(m.group(0)) if m else None
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def judge_gpu_bench(text):
+    """[(target, verdict, detail)] for one gpu_bench output."""
+    out = []
+    pairs = []
+    section = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            if section == "latency":
+                break  # only the first latency table: the default allocator beside the driver
+            section = "latency" if line.startswith("## alloc+free pair latency, ns (median; cudamem") else None
+            continue
+        c = cells(line) if section == "latency" and line.startswith("| ") else []
+        # | 512 B | 119 | 82751 | 611 | ... : size, cudamem ns, then the driver's
+        if len(c) >= 4 and re.fullmatch(r"[0-9]+ (B|KiB|MiB)", c[0]) and c[1].isdigit():
+            pairs.append((c[0], float(c[1])))
+    if pairs:
+        worst = max(ns for _, ns in pairs)
+        detail = ", ".join(f"{s} {ns:.0f}" for s, ns in pairs)
+        out.append(("pair <= 200 ns at every size", worst <= PAIR_LIMIT_NS, detail))
+    else:
+        out.append(("pair <= 200 ns at every size", None, "no latency table"))
+    ratio = None
+    in_sharded = False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            in_sharded = line.startswith("## throughput, sharded:True")
+        elif in_sharded and line.startswith("| 8 |"):
+            ratio = first_number(cells(line)[2])
+    if ratio is None:
+        out.append(("8 threads sharded >= 4x one thread", None, "no sharded throughput table"))
+    else:
+        out.append(("8 threads sharded >= 4x one thread", ratio >= THREAD_RATIO, f"{ratio:.2f}x"))
+    return out
+
+
+def judge_replay_gpu(text):
+    """[(target, verdict, detail)] for one replay_gpu output."""
+    over, seen, missing = [], 0, []
+    header_done = False
+    for line in text.splitlines():
+        if not line.startswith("| "):
+            if header_done and seen:
+                break  # the main table ended (the rounds table follows)
+            continue
+        c = cells(line)
+        if c[0] == "trace" or set(c[0]) <= {"-"}:
+            header_done = True
+            continue
+        if len(c) < 9 or c[1] not in ("pytorch", "cudamem"):
+            continue
+        ns = first_number(c[8])
+        if ns is None:
+            missing.append(f"{c[0]} {c[1]}")
+            continue
+        seen += 1
+        if ns > REPLAY_LIMIT_NS:
+            over.append(f"{c[0]} {c[1]} {ns:.1f}")
+    agree = re.search(r"^disagreements: 0$", text, re.M) is not None
+    target = "cuda:0 warm replay <= 100 ns/op, 4 traces x pytorch, cudamem"
+    if missing or seen == 0:
+        return [(target, None, "no cuda:0 figures: " + (", ".join(missing) or "no table"))]
+    verdict = not over and agree
+    detail = "all under" if not over else "over: " + ", ".join(over)
+    if not agree:
+        detail += "; disagreements printed (or the run was cut short)"
+    return [(target, verdict, f"{seen} rows, {detail}")]
+
+
+def files_of(args):
+    for a in args:
+        p = Path(a)
+        if p.is_dir():
+            yield from sorted(q for q in p.rglob("*.txt") if "gpu_bench" in q.name or "replay_gpu" in q.name)
+        elif p.is_file():
+            yield p
+        else:
+            raise FileNotFoundError(f"{a}: no such file or directory")
+
+
+def judge(path):
+    """Judges what the file holds: a gpu_bench output, a replay_gpu output, or both in turn."""
+    text = path.read_text(errors="replace")
+    out = []
+    if "## throughput" in text or "alloc+free pair latency" in text:
+        out += judge_gpu_bench(text)
+    if "| trace | policy |" in text:
+        out += judge_replay_gpu(text)
+    return out or [("gpu_bench or replay_gpu output", None, "neither found in the file")]
+
+
+def self_test():
+    root = Path(__file__).resolve().parents[2] / "docs/gpu-runs/2026-12-01/session7"
+    bench = judge(root / "bench-all/gpu_bench-1.txt")
+    assert bench[0][1] is True and "1 MiB 148" in bench[0][2], bench
+    assert bench[1][1] is True and bench[1][2] == "4.32x", bench
+    rounds = judge(root / "rounds/replay_gpu.txt")
+    assert rounds[0][1] is True and rounds[0][2].startswith("8 rows"), rounds
+    sim = judge(root / "rounds/replay_sim15.txt")
+    assert sim[0][1] is None, sim  # sim only: n/a columns are not "met"
+    # One-round output of the fifth session's format: gpt2_train pytorch over 100.
+    one = judge_replay_gpu(
+        "| trace | policy | a | b | c | d | agree | sim | cuda |\n|---|---|---|---|---|---|---|---|---|\n"
+        "| gpt2_train | pytorch | 1 | 1 | 1 | 1 | true | 115.6 | 116.1 |\n"
+        "| gpt2_train | cudamem | 1 | 1 | 1 | 1 | true | 80.0 | 81.0 |\ndisagreements: 0\n"
+    )
+    assert one[0][1] is False and "gpt2_train pytorch 116.1" in one[0][2], one
+    print("targets.py self-test: ok")
+
+
+def main(argv):
+    if argv == ["--self-test"]:
+        self_test()
+        return 0
+    if not argv or any(a.startswith("-") for a in argv):
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 2
+    try:
+        files = list(files_of(argv))
+    except FileNotFoundError as e:
+        print(f"targets.py: {e}", file=sys.stderr)
+        return 2
+    if not files:
+        print("targets.py: no .txt file named after gpu_bench or replay_gpu found", file=sys.stderr)
+        return 2
+    held = judged = 0
+    for f in files:
+        for target, verdict, detail in judge(f):
+            word = {True: "met", False: "NOT MET", None: "not judged"}[verdict]
+            print(f"{f}: {target}: {word} ({detail})")
+            if verdict is not None:
+                judged += 1
+                held += verdict
+    print(f"{held} of {judged} judged targets met")
+    return 0 if held == judged else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
