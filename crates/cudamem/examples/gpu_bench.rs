@@ -208,7 +208,11 @@ fn main() {
         let ok = match flag.as_str() {
             "--device" => value.map(|v| device = v).is_some(),
             "--iters" => value.and_then(|v| v.parse().ok()).map(|v| iters = v).is_some(),
-            "--duration-ms" => value.and_then(|v| v.parse().ok()).map(|v| duration_ms = v).is_some(),
+            "--duration-ms" => value
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .map(|v| duration_ms = v)
+                .is_some(),
             "--rounds" => value
                 .and_then(|v| v.parse().ok())
                 .filter(|&v| v > 0)
@@ -218,7 +222,7 @@ fn main() {
         };
         if !ok {
             eprintln!(
-                "usage: gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS] [--rounds R (1 or more)]"
+                "usage: gpu_bench [--device cuda:0|sim|auto] [--iters N] [--duration-ms MS (1 or more)] [--rounds R (1 or more)]"
             );
             std::process::exit(2);
         }
