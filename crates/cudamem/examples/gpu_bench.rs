@@ -6,7 +6,7 @@
 //!
 //! 1. **Latency** of one allocation + free pair, for 512 B, 64 KiB, 1 MiB, 16 MiB and 64 MiB:
 //!    * cudamem, cache hits (`Allocator::alloc` + drop of the `Buffer`, after a warm-up that
-//!      put a block of that size in the cache), timed in batches of 32 pairs: the figure is
+//!      put a block of that size in the cache), timed in batches of 64 pairs: the figure is
 //!      the median batch's time per pair (the clock is read once per batch, so its own cost
 //!      does not swamp a ~100 ns pair);
 //!    * `cuMemAlloc` + `cuMemFree`, each pair timed on its own, median;
@@ -25,10 +25,18 @@
 //!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine
 //!    switches between two speeds about 1.5× apart within seconds, so one measurement of each
 //!    thread count compared two moments as much as two thread counts.
+//! 3. **Rounds.** Latency and throughput are measured in `--rounds` rounds: each round times
+//!    the latency of every size (cudamem, then the driver beside it, then `sharded:True`), then
+//!    the 1, 2, 4, 8 thread sequence of each throughput table. A latency cell is the median of
+//!    the rounds' medians, with their range, and the ratios to the driver are the median of each
+//!    round's own ratio (until 2026-12-01 the latency was measured once, in a window of about
+//!    2 ms, which caught whichever speed the machine had then). From round 2 on, both
+//!    allocators have seen the throughput threads' eight streams: the latency is that of an
+//!    allocator with other streams' blocks cached, as in an application with several streams.
 //!
-//! Prints two markdown tables, then one JSON line per figure. Without a CUDA device (or with
-//! `--device sim`) the cudamem figures are measured on the simulated device, which says so, and
-//! the driver columns are "n/a".
+//! Prints markdown tables (and the latency round by round), then one JSON line per figure.
+//! Without a CUDA device (or with `--device sim`) the cudamem figures are measured on the
+//! simulated device, which says so, and the driver columns are "n/a".
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -285,93 +293,174 @@ fn run(
         );
     }
 
-    // 1. Latency.
-    let mut ours = Vec::new();
-    for size in SIZES {
-        ours.push(cudamem_pairs(a, size, iters)?);
-    }
-    let drv: Vec<(Option<f64>, Option<f64>)> = match a.cuda_device() {
-        Some(d) => {
-            let s = a.create_stream()?;
-            let drv_iters = (iters / 10).clamp(50, 500);
-            driver_figures(d, s, drv_iters)?
-                .into_iter()
-                .map(|(x, y)| (Some(x), Some(y)))
-                .collect()
-        }
-        None => vec![(None, None); SIZES.len()],
-    };
-    println!();
-    println!("## alloc+free pair latency, ns (median; cudamem: cache hits, batches of {BATCH})");
-    println!();
-    println!(
-        "| size | cudamem ({dev}) | cuMemAlloc+cuMemFree | cuMemAllocAsync+cuMemFreeAsync (pool, threshold max) | cuMemAlloc / cudamem | cuMemAllocAsync / cudamem |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    let mut json = Vec::new();
-    for (i, size) in SIZES.iter().enumerate() {
-        let (med, mean_ns) = ours[i];
-        let (sync, asy) = drv[i];
-        let ratio = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.0}x", v / med));
-        println!(
-            "| {} | {med:.0} | {} | {} | {} | {} |",
-            human(*size),
-            fmt_ns(sync),
-            fmt_ns(asy),
-            ratio(sync),
-            ratio(asy)
-        );
-        json.push(format!(
-            "{{\"bench\":\"gpu_bench\",\"figure\":\"pair_latency_ns\",\"device\":\"{dev}\",\"size\":{size},\
-             \"cudamem_median_ns\":{med:.1},\"cudamem_mean_ns\":{mean_ns:.1},\
-             \"cuMemAlloc_cuMemFree_median_ns\":{},\"cuMemAllocAsync_cuMemFreeAsync_median_ns\":{}}}",
-            json_num(sync),
-            json_num(asy)
-        ));
-    }
-
-    // 2. Throughput over threads, one mutex per device, then sharded, then one allocator each.
-    let mut base_one = f64::NAN;
+    // Every round measures the latency of every size (cudamem, then the driver beside it),
+    // then the 1, 2, 4, 8 thread sequence of each throughput table. A round lasts seconds, so
+    // the rounds sample the machine at different moments: its slow stretches last from under a
+    // second to several seconds, and one 2 ms latency window saw whichever speed it happened on.
     let shared = [a.clone()];
     let sharded_one = [sharded.clone()];
-    for (label, allocs) in [
+    let tables: [(&str, &[Allocator]); 3] = [
         ("one allocator lock (default)", &shared[..]),
         ("sharded:True", &sharded_one[..]),
         (
             "one default allocator per thread (nothing shared: the machine's ceiling)",
             own,
         ),
-    ] {
+    ];
+    let mut table_streams = Vec::new();
+    for (_, allocs) in &tables {
+        let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
+            .map(|t| allocs[t % allocs.len()].create_stream())
+            .collect::<Result<_, _>>()?;
+        table_streams.push(streams);
+    }
+    let drv_stream = match a.cuda_device() {
+        Some(_) => Some(a.create_stream()?),
+        None => None,
+    };
+    let drv_iters = (iters / 10).clamp(50, 500);
+    // ours[r][i], ours_sharded[r][i]: (median, mean) ns per pair of SIZES[i] in round r;
+    // drv[r][i]: the driver's (cuMemAlloc, cuMemAllocAsync) pairs beside them.
+    let mut ours: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut ours_sharded: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut drv: Vec<Vec<(Option<f64>, Option<f64>)>> = Vec::new();
+    // by_round[k][r][i]: pairs/s of THREADS[i] threads in round r of table k.
+    let mut by_round: Vec<Vec<Vec<f64>>> = vec![Vec::new(); tables.len()];
+    for _ in 0..rounds {
+        ours.push(
+            SIZES
+                .iter()
+                .map(|&s| cudamem_pairs(a, s, iters))
+                .collect::<Result<_, _>>()?,
+        );
+        drv.push(match (a.cuda_device(), drv_stream) {
+            (Some(d), Some(s)) => driver_figures(d, s, drv_iters)?
+                .into_iter()
+                .map(|(x, y)| (Some(x), Some(y)))
+                .collect(),
+            _ => vec![(None, None); SIZES.len()],
+        });
+        ours_sharded.push(
+            SIZES
+                .iter()
+                .map(|&s| cudamem_pairs(sharded, s, iters))
+                .collect::<Result<_, _>>()?,
+        );
+        for (k, (_, allocs)) in tables.iter().enumerate() {
+            by_round[k].push(
+                THREADS
+                    .iter()
+                    .map(|&t| throughput(allocs, &table_streams[k], t, dur))
+                    .collect(),
+            );
+        }
+    }
+    // The median over rounds of column i, and the rounds' range.
+    let over_rounds = |v: &[Vec<(f64, f64)>], i: usize| -> (f64, f64, f64, f64) {
+        let meds: Vec<f64> = v.iter().map(|r| r[i].0).collect();
+        let lo = meds.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = meds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mean = mean(&v.iter().map(|r| r[i].1).collect::<Vec<_>>());
+        (median(meds), lo, hi, mean)
+    };
+    let drv_median = |i: usize, async_: bool| -> Option<f64> {
+        let v: Option<Vec<f64>> = drv.iter().map(|r| if async_ { r[i].1 } else { r[i].0 }).collect();
+        v.map(median)
+    };
+
+    println!();
+    println!(
+        "## alloc+free pair latency, ns (median; cudamem: cache hits, batches of {BATCH}; each cell the median of {rounds} rounds)"
+    );
+    println!();
+    println!(
+        "| size | cudamem ({dev}) | cudamem, rounds' range | cuMemAlloc+cuMemFree | cuMemAllocAsync+cuMemFreeAsync (pool, threshold max) | cuMemAlloc / cudamem | cuMemAllocAsync / cudamem |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut json = Vec::new();
+    for (i, size) in SIZES.iter().enumerate() {
+        let (med, lo, hi, mean_ns) = over_rounds(&ours, i);
+        let (sync, asy) = (drv_median(i, false), drv_median(i, true));
+        // The median of each round's own ratio: the driver and cudamem measured seconds apart
+        // at most, on the same machine state.
+        let ratio = |async_: bool| -> String {
+            let v: Option<Vec<f64>> = drv
+                .iter()
+                .zip(&ours)
+                .map(|(d, o)| (if async_ { d[i].1 } else { d[i].0 }).map(|x| x / o[i].0))
+                .collect();
+            v.map_or("n/a".to_string(), |v| format!("{:.0}x", median(v)))
+        };
+        println!(
+            "| {} | {med:.0} | {lo:.0}–{hi:.0} | {} | {} | {} | {} |",
+            human(*size),
+            fmt_ns(sync),
+            fmt_ns(asy),
+            ratio(false),
+            ratio(true)
+        );
+        let rounds_ns: Vec<String> = ours.iter().map(|r| format!("{:.1}", r[i].0)).collect();
+        json.push(format!(
+            "{{\"bench\":\"gpu_bench\",\"figure\":\"pair_latency_ns\",\"device\":\"{dev}\",\"size\":{size},\
+             \"cudamem_median_ns\":{med:.1},\"cudamem_mean_ns\":{mean_ns:.1},\"cudamem_rounds_ns\":[{}],\
+             \"cuMemAlloc_cuMemFree_median_ns\":{},\"cuMemAllocAsync_cuMemFreeAsync_median_ns\":{},\"rounds\":{rounds}}}",
+            rounds_ns.join(","),
+            json_num(sync),
+            json_num(asy)
+        ));
+    }
+    println!();
+    println!("rounds: cudamem ns / cuMemAllocAsync+cuMemFreeAsync ns per pair, round by round");
+    println!();
+    println!(
+        "| size | {} |",
+        (1..=rounds)
+            .map(|r| format!("round {r}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|{}", "---|".repeat(rounds));
+    for (i, size) in SIZES.iter().enumerate() {
+        let cells: Vec<String> = ours
+            .iter()
+            .zip(&drv)
+            .map(|(o, d)| format!("{:.0} / {}", o[i].0, fmt_ns(d[i].1)))
+            .collect();
+        println!("| {} | {} |", human(*size), cells.join(" | "));
+    }
+
+    // Throughput over threads, one mutex per device, then sharded, then one allocator each.
+    let mut base_one = f64::NAN;
+    for (k, (label, allocs)) in tables.iter().enumerate() {
         let al = &allocs[0];
         let independent = allocs.len() > 1;
         if al.is_sharded() {
             println!();
-            println!("## alloc+free pair latency with sharded:True, ns (median, cache hits, one thread)");
+            println!(
+                "## alloc+free pair latency with sharded:True, ns (median, cache hits, one thread; each cell the median of {rounds} rounds)"
+            );
             println!();
-            println!("| size | sharded:True | default |");
-            println!("|---:|---:|---:|");
+            println!("| size | sharded:True | sharded:True, rounds' range | default |");
+            println!("|---:|---:|---:|---:|");
             for (i, size) in SIZES.iter().enumerate() {
-                let (med, _) = cudamem_pairs(al, *size, iters)?;
-                println!("| {} | {med:.0} | {:.0} |", human(*size), ours[i].0);
+                let (med, lo, hi, _) = over_rounds(&ours_sharded, i);
+                println!(
+                    "| {} | {med:.0} | {lo:.0}–{hi:.0} | {:.0} |",
+                    human(*size),
+                    over_rounds(&ours, i).0
+                );
                 json.push(format!(
                     "{{\"bench\":\"gpu_bench\",\"figure\":\"pair_latency_ns_sharded\",\"device\":\"{dev}\",\
-                     \"size\":{size},\"cudamem_median_ns\":{med:.1}}}"
+                     \"size\":{size},\"cudamem_median_ns\":{med:.1},\"rounds\":{rounds}}}"
                 ));
             }
         }
-        let streams: Vec<Stream> = (0..*THREADS.iter().max().unwrap())
-            .map(|t| allocs[t % allocs.len()].create_stream())
-            .collect::<Result<_, _>>()?;
-        // by_round[r][i]: pairs/s of THREADS[i] threads in round r.
-        let by_round: Vec<Vec<f64>> = (0..rounds)
-            .map(|_| THREADS.iter().map(|&t| throughput(allocs, &streams, t, dur)).collect())
-            .collect();
         let rows: Vec<(usize, f64, Vec<f64>)> = THREADS
             .iter()
             .enumerate()
             .map(|(i, &t)| {
-                let ops: Vec<f64> = by_round.iter().map(|r| r[i]).collect();
-                let ratios = by_round.iter().map(|r| r[i] / r[0]).collect();
+                let ops: Vec<f64> = by_round[k].iter().map(|r| r[i]).collect();
+                let ratios = by_round[k].iter().map(|r| r[i] / r[0]).collect();
                 (t, median(ops), ratios)
             })
             .collect();
@@ -416,7 +505,7 @@ fn run(
                 sh.logged_operations()
             );
         }
-        for al in allocs {
+        for al in allocs.iter() {
             al.check_invariants()?;
             let st = al.stats();
             if st.allocated_bytes.all().current != 0 {
