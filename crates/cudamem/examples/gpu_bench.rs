@@ -381,8 +381,8 @@ fn run(
     for (i, size) in SIZES.iter().enumerate() {
         let (med, lo, hi, mean_ns) = over_rounds(&ours, i);
         let (sync, asy) = (drv_median(i, false), drv_median(i, true));
-        // The median of each round's own ratio: the driver and cudamem measured seconds apart
-        // at most, on the same machine state.
+        // The median of each round's own ratio: within a round the driver is measured a
+        // fraction of a second after cudamem, as a rule in the same state of the machine.
         let ratio = |async_: bool| -> String {
             let v: Option<Vec<f64>> = drv
                 .iter()
