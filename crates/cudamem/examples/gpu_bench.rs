@@ -60,6 +60,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The smallest and largest of `v`.
+fn range(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
@@ -358,8 +365,7 @@ fn run(
     // The median over rounds of column i, and the rounds' range.
     let over_rounds = |v: &[Vec<(f64, f64)>], i: usize| -> (f64, f64, f64, f64) {
         let meds: Vec<f64> = v.iter().map(|r| r[i].0).collect();
-        let lo = meds.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = meds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = range(&meds);
         let mean = mean(&v.iter().map(|r| r[i].1).collect::<Vec<_>>());
         (median(meds), lo, hi, mean)
     };
@@ -480,8 +486,7 @@ fn run(
         println!("|---:|---:|---:|---:|---:|");
         for (t, ops, ratios) in &rows {
             let (t, ops) = (*t, *ops);
-            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let (lo, hi) = range(ratios);
             let ratio = median(ratios.clone());
             println!(
                 "| {t} | {ops:.0} | {ratio:.2} | {lo:.2}–{hi:.2} | {:.2} |",
