@@ -36,6 +36,7 @@ pub mod format;
 pub mod free_index;
 pub mod history;
 pub mod invariants;
+pub mod lock;
 pub mod pointer_map;
 pub mod policy;
 pub mod segment;
@@ -46,7 +47,7 @@ pub mod summary;
 #[doc(hidden)]
 pub mod workload;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cudamem_device::{Device, DevicePtr, StreamId};
 
@@ -54,6 +55,7 @@ pub use config::AllocatorConfig;
 pub use engine::Engine;
 pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
+pub use lock::{EngineGuard, EngineLock};
 pub use policy::Policy;
 pub use sharded::ShardedAllocator;
 pub use stats::{DeviceStats, NoSink, StatSink};
@@ -62,14 +64,14 @@ pub use summary::StatsDict;
 /// The caching allocator of one device. See the [crate documentation](crate).
 #[derive(Debug)]
 pub struct CachingAllocator {
-    engine: Mutex<Engine>,
+    engine: EngineLock<Engine>,
 }
 
 impl CachingAllocator {
     /// An allocator for `device` with the given configuration and policy.
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
         CachingAllocator {
-            engine: Mutex::new(Engine::new(device, config, policy)),
+            engine: EngineLock::new(Engine::new(device, config, policy)),
         }
     }
 
@@ -82,10 +84,12 @@ impl CachingAllocator {
 
     /// Exclusive access to the engine, for callers that batch many operations (trace replay) or
     /// inspect state (tests, reports).
-    pub fn lock(&self) -> MutexGuard<'_, Engine> {
-        // A panic under the lock means a bug already reported by that panic; the state itself
-        // is consistent between operations, so keep serving.
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    ///
+    /// A panic under the lock means a bug already reported by that panic; the lock is given
+    /// back and later callers are served (see [`EngineLock`]).
+    #[inline]
+    pub fn lock(&self) -> EngineGuard<'_, Engine> {
+        self.engine.lock()
     }
 
     /// Allocates `size` bytes for use on `stream`. Size 0 returns address 0.
