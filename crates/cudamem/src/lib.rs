@@ -117,7 +117,7 @@ pub mod interop;
 use std::collections::HashMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use cudamem_alloc::config::ConfigError;
@@ -448,6 +448,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 struct Inner {
     engine: CachingAllocator,
+    /// Live [`Allocator`] handles (clones), not counting the uncounted aliases in buffers.
+    handles: AtomicUsize,
+    /// Without sharding: whether the engine holds a keep-alive count (taken when the last
+    /// handle went while allocations were live). Read and written under the engine's lock.
+    kept: AtomicBool,
     /// With `sharded:True`: serves every allocation instead of `engine` (which then holds
     /// nothing; it keeps the configuration, the policy's name and the history API).
     sharded: Option<ShardedAllocator>,
@@ -458,13 +463,27 @@ struct Inner {
 
 /// Keep-alive. A buffer does not hold a counted handle of its allocator: one shared reference
 /// count written by every alloc and free would make threads on their own streams contend
-/// again. Instead each shard (the one engine, without sharding) holds one count of the
-/// allocator's `Arc` while it has live allocations: taken when its count of live allocations
-/// (kept under its lock) goes 0 → 1, given back when it returns to 0. Why the `Arc` never
-/// reaches zero while it can still be used: whoever allocates holds a counted handle or a live
-/// buffer (whose shard holds a count), and a shard's count is given back only after its last
-/// buffer is gone; a take always comes before the release that matches it, because the
-/// buffer whose free makes the release exists only after its allocation's take.
+/// again, and costs a locked instruction each time even on one thread. What keeps `Inner` alive
+/// while buffers outlive every handle:
+///
+/// * **With sharding**, each shard holds one count of the allocator's `Arc` while it has live
+///   allocations: taken when its count of live allocations (kept under its lock) goes 0 → 1,
+///   given back when it returns to 0. Why the `Arc` never reaches zero while it can still be
+///   used: whoever allocates holds a counted handle or a live buffer (whose shard holds a
+///   count), and a shard's count is given back only after its last buffer is gone; a take
+///   always comes before the release that matches it, because the buffer whose free makes the
+///   release exists only after its allocation's take.
+/// * **Without sharding** (one engine), nothing is taken while a handle exists: the handles'
+///   own counts keep `Inner` alive. When the last handle goes ([`Inner::handles`] reaches 0),
+///   it takes one count, under the engine's lock, if allocations are live then ([`Inner::kept`]);
+///   the free that leaves none live (under the same lock) gives it back. Why that suffices: an
+///   allocation needs a handle or a live buffer's alias, so with no handle left, every
+///   allocation happens while another is live and the engine's count of live allocations
+///   never rises from 0; the lock orders the last handle's look at that count against every
+///   free, so either the look sees the allocation live (and takes the count that its free
+///   gives back) or the free came first (and needs no count: the handle still held one). A
+///   cache-hit pair thus writes no shared count at all, where it used to take and give back a
+///   count whenever it was the only live allocation (`gpu_bench`'s latency loop).
 impl Inner {
     /// Shard has live buffers now: one more count of the allocator's `Arc`.
     fn hold(self: &Arc<Self>) {
@@ -487,27 +506,40 @@ impl Drop for Release {
 }
 
 impl Inner {
-    /// Allocates; `Some(shard)` when that shard's live count went 0 → 1.
+    /// Allocates; `Some(shard)` when a count must be taken (a shard's live count went 0 → 1).
     fn malloc(&self, size: u64, stream: StreamId) -> Result<(u64, Option<usize>), AllocError> {
         match &self.sharded {
             Some(s) => s.malloc_noting(size, stream),
-            None => {
-                let mut e = self.engine.lock();
-                let before = e.stats().allocation.all().current;
-                let p = e.malloc(size, stream)?;
-                Ok((p, (before == 0 && e.stats().allocation.all().current > 0).then_some(0)))
-            }
+            None => Ok((self.engine.lock().malloc(size, stream)?, None)),
         }
     }
-    /// Frees; `Some(shard)` when that shard's live count went 1 → 0.
+    /// Frees; `Some(shard)` when a count must be given back (a shard's live count went 1 → 0,
+    /// or the engine's, with a count held since the last handle went).
     fn free(&self, ptr: u64, stream: StreamId) -> Result<Option<usize>, AllocError> {
         match &self.sharded {
             Some(s) => s.free_noting(ptr, stream),
             None => {
                 let mut e = self.engine.lock();
                 e.free(ptr)?;
-                Ok((ptr != 0 && e.stats().allocation.all().current == 0).then_some(0))
+                if self.kept.load(Ordering::Relaxed) && e.stats().allocation.all().current == 0 {
+                    self.kept.store(false, Ordering::Relaxed);
+                    return Ok(Some(0));
+                }
+                Ok(None)
             }
+        }
+    }
+
+    /// The last handle is going (it still holds its count): without sharding, live allocations
+    /// from now on keep the allocator alive through one count (see above).
+    fn last_handle_gone(self: &Arc<Self>) {
+        if self.sharded.is_some() {
+            return; // the shards take and give back their own counts
+        }
+        let e = self.engine.lock();
+        if e.stats().allocation.all().current > 0 && !self.kept.load(Ordering::Relaxed) {
+            self.kept.store(true, Ordering::Relaxed);
+            self.hold();
         }
     }
 }
@@ -525,9 +557,26 @@ impl Drop for Inner {
 /// A caching allocator of one device. See the [crate documentation](crate).
 ///
 /// Cloning is cheap (an `Arc`); every clone, and every [`Buffer`], shares the same cache.
-#[derive(Clone)]
 pub struct Allocator {
     inner: Arc<Inner>,
+}
+
+impl Clone for Allocator {
+    fn clone(&self) -> Self {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
+        Allocator {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        // Buffers' aliases are never dropped (`ManuallyDrop`), so only handles count here.
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.last_handle_gone();
+        }
+    }
 }
 
 impl fmt::Debug for Allocator {
@@ -602,6 +651,8 @@ impl Allocator {
         Ok(Allocator {
             inner: Arc::new(Inner {
                 engine,
+                handles: AtomicUsize::new(1),
+                kept: AtomicBool::new(false),
                 sharded,
                 device: dev,
                 cuda,

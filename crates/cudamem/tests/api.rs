@@ -432,3 +432,50 @@ fn keepalive_across_threads() {
         );
     }
 }
+
+/// The last handle goes while other threads free their buffers (the race between the last
+/// handle's look at the live allocations and the frees), and handles come back through a
+/// buffer's allocator after the last one went. Every ordering ends with the allocator released
+/// exactly when nothing holds it; Miri checks for use after free as above.
+#[test]
+fn keepalive_when_the_last_handle_races_the_frees() {
+    for config in ["", "sharded:True"] {
+        for round in 0..4 {
+            let a = Allocator::with_config("sim:1GiB", config, "").unwrap();
+            let sim_dev = Arc::clone(a.sim_device().unwrap());
+            let s = a.create_stream().unwrap();
+            let bufs: Vec<Buffer> = (0..4).map(|k| a.alloc((k + 1) * 4096, s).unwrap()).collect();
+            let go = Arc::new(std::sync::Barrier::new(bufs.len() + 1));
+            let hs: Vec<_> = bufs
+                .into_iter()
+                .map(|b| {
+                    let go = Arc::clone(&go);
+                    thread::spawn(move || {
+                        go.wait();
+                        if round % 2 == 1 {
+                            // A handle again, from the buffer, after the last one may have gone.
+                            let h = b.allocator().clone();
+                            drop(b);
+                            drop(h.alloc(512, s).unwrap());
+                        } else {
+                            drop(b);
+                        }
+                    })
+                })
+                .collect();
+            go.wait();
+            drop(a);
+            for h in hs {
+                h.join().unwrap();
+            }
+            assert_eq!(sim_dev.used(), 0, "released ({config}, round {round})");
+        }
+        // Everything freed before the last handle goes: its drop releases the allocator.
+        let a = Allocator::with_config("sim:1GiB", config, "").unwrap();
+        let sim_dev = Arc::clone(a.sim_device().unwrap());
+        drop(a.alloc(4096, Stream::DEFAULT).unwrap());
+        assert!(sim_dev.used() > 0, "cached");
+        drop(a);
+        assert_eq!(sim_dev.used(), 0, "released by the last handle ({config})");
+    }
+}
