@@ -1,6 +1,7 @@
 //! What the allocator's keep-alive costs a cache-hit pair when the pair is the only live
-//! buffer of its shard (its count goes 0 → 1 → 0 every time: a keep-alive handle is taken and
-//! given back), against the same pair with another buffer kept live (no transition).
+//! buffer of its shard (with `sharded:True` its count goes 0 → 1 → 0 every time: a keep-alive
+//! count is taken and given back; without sharding none is taken while a handle exists, so
+//! the two figures should match), against the same pair with another buffer kept live.
 //! `cargo run --release -p cudamem --example keepalive_cost`
 use std::time::Instant;
 
