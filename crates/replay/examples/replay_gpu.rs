@@ -20,6 +20,9 @@
 //! tells a slower clock (the probe slows as much as the replay) from a busy neighbour on the same
 //! core or cache (the replay slows, the probe barely). The rounds' rows follow the table.
 
+#[path = "common/clock.rs"]
+mod clock;
+
 use std::path::PathBuf;
 
 use cudamem_replay::{replay, ReplayOptions};
@@ -70,7 +73,7 @@ fn main() {
                     deferred_frees: false,
                     ..ReplayOptions::default()
                 };
-                let ghz = clock_probe_ghz();
+                let ghz = clock::clock_ghz(21);
                 let s = replay(trace, &base).expect("sim replay");
                 let sd = &s.devices[0];
                 let cuda = gpu.then(|| {
@@ -173,32 +176,6 @@ struct Row {
     cuda_ns: Vec<f64>,
 }
 
-/// The core's clock in GHz, estimated from 2^21 dependent 64-bit multiplications at 3 cycles each
-/// (a few milliseconds). In assembly, so that the compiler can neither fold nor reorder the chain.
-#[cfg(target_arch = "x86_64")]
-fn clock_probe_ghz() -> f64 {
-    const N: u64 = 1 << 21;
-    let start = std::time::Instant::now();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for _ in 0..N / 8 {
-        // SAFETY: register arithmetic only: no memory, stack or flags anyone relies on.
-        unsafe {
-            std::arch::asm!(
-                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
-                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
-                x = inout(reg) x,
-                options(nomem, nostack, pure),
-            );
-        }
-    }
-    std::hint::black_box(x);
-    (3 * N) as f64 / start.elapsed().as_nanos() as f64
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn clock_probe_ghz() -> f64 {
-    f64::NAN
-}
 
 /// "median [min–max]" of per-round figures; just the figure for one round.
 fn summary(v: &[f64]) -> String {

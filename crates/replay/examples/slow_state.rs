@@ -20,6 +20,9 @@
 //! (Spearman) of each probe with the pair and replay figures. A probe whose ratio matches the
 //! allocator's names the contended resource; one that stays at 1.00 is ruled out.
 
+#[path = "common/clock.rs"]
+mod clock;
+
 use std::time::Instant;
 
 use cudamem_replay::{effective_config, free_leftovers, new_allocator, run_once, Program, ReplayOptions};
@@ -67,7 +70,7 @@ fn main() {
             free_leftovers(&mut e, &mut slots);
             run_once(&p, &mut e, &target, &mut slots, false).0 as f64 / p.trace_ops as f64
         };
-        samples.push([pair, replay, clock_ghz(), alu_adds_per_ns(), l1.ns_per_load(), l2.ns_per_load()]);
+        samples.push([pair, replay, clock::clock_ghz(20), alu_adds_per_ns(), l1.ns_per_load(), l2.ns_per_load()]);
     }
 
     println!(
@@ -118,27 +121,6 @@ fn pair_ns(a: &cudamem_alloc::CachingAllocator) -> f64 {
     t.elapsed().as_nanos() as f64 / N as f64
 }
 
-/// The core's clock: 2^20 dependent `imul` at 3 cycles each.
-#[cfg(target_arch = "x86_64")]
-fn clock_ghz() -> f64 {
-    const N: u64 = 1 << 20;
-    let t = Instant::now();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for _ in 0..N / 8 {
-        // SAFETY: register arithmetic only.
-        unsafe {
-            std::arch::asm!(
-                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
-                "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}", "imul {x}, {x}",
-                x = inout(reg) x,
-                options(nomem, nostack, pure),
-            );
-        }
-    }
-    std::hint::black_box(x);
-    (3 * N) as f64 / t.elapsed().as_nanos() as f64
-}
-
 /// Independent `add`s per ns: eight chains, so the core can issue as many per cycle as it has
 /// integer ports for this thread.
 #[cfg(target_arch = "x86_64")]
@@ -163,11 +145,6 @@ fn alu_adds_per_ns() -> f64 {
     }
     std::hint::black_box((a, b, c, d, e, f, g, h));
     (16 * ROUNDS) as f64 / t.elapsed().as_nanos() as f64
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn clock_ghz() -> f64 {
-    f64::NAN
 }
 
 #[cfg(not(target_arch = "x86_64"))]
