@@ -106,6 +106,13 @@ const TABLE: usize = 1024;
 /// `oversize_allocations`, `oversize_segments`.
 const N: usize = crate::stats::POOL_VALUES;
 
+/// Whether an operation that left its shard's log with `len` entries merges afterwards (at each
+/// multiple of [`MERGE_AT`]).
+#[inline(always)]
+fn merge_due_at(len: usize) -> bool {
+    len >= MERGE_AT && len.is_multiple_of(MERGE_AT)
+}
+
 /// The timestamp of the operation just done, taken under the shard's lock.
 mod clock {
     use super::*;
@@ -1035,7 +1042,7 @@ impl ShardedAllocator {
     /// multiple of [`MERGE_AT`], if no merge is running; and always past [`MERGE_MUST`]).
     #[inline(always)]
     fn after_op(&self, len: usize) {
-        if len >= MERGE_AT && len.is_multiple_of(MERGE_AT) {
+        if merge_due_at(len) {
             self.merge_due(len);
         }
     }
@@ -1247,31 +1254,62 @@ impl ShardedAllocator {
     /// [`free`](Self::free), also naming the allocation's shard if it now has no live
     /// allocation (see [`malloc_noting`](Self::malloc_noting)).
     pub fn free_noting(&self, ptr: DevicePtr, stream: StreamId) -> Result<Option<usize>, AllocError> {
+        // SAFETY: `self` is a live reference for the whole call.
+        unsafe { Self::free_noting_raw(self, ptr, stream, || ()) }.0
+    }
+
+    /// [`ShardedAllocator::free_noting`] for a caller whose free may let another thread drop
+    /// the allocator as soon as the shard's lock is given back (the Rust API, when no handle
+    /// is left and the freed allocation was what kept the allocator alive): no reference to
+    /// `*this` is used, or held as an argument, after that point, except while `pin()`'s value
+    /// is held. `pin` is called under the shard's lock when the operation is due to merge the
+    /// shards' logs afterwards (once in [`MERGE_AT`] operations of a shard), and its value —
+    /// which must keep `*this` alive while held — is returned, to be dropped once this
+    /// function has returned.
+    ///
+    /// # Safety
+    /// `this` must point to a live `ShardedAllocator` until the shard's lock is taken here
+    /// (a live allocation on the shard, which this call frees, ensures it in the Rust API).
+    pub unsafe fn free_noting_raw<P>(
+        this: *const Self,
+        ptr: DevicePtr,
+        stream: StreamId,
+        pin: impl FnOnce() -> P,
+    ) -> (Result<Option<usize>, AllocError>, Option<P>) {
         if ptr == 0 {
-            return Ok(None);
+            return (Ok(None), None);
         }
-        let i = self.shard_of(stream);
-        self.enter(i);
-        let mut st = self.shard(i);
+        // SAFETY: live until the lock is taken (the caller's contract), and the local reference
+        // is used after the lock is given back only while `pinned` keeps the allocator alive.
+        let s = unsafe { &*this };
+        let i = s.shard_of(stream);
+        s.enter(i);
+        let mut st = s.shard(i);
         match st.engine.free(ptr) {
             Ok(()) => {
-                st.record(&self.alarm);
+                st.record(&s.alarm);
                 let last = (st.engine.stats.allocation.all().current == 0).then_some(i);
                 let len = st.log.entries.len();
+                let pinned = merge_due_at(len).then(pin);
                 drop(st);
-                self.after_op(len);
-                Ok(last)
+                if pinned.is_some() {
+                    s.merge_due(len);
+                }
+                (Ok(last), pinned)
             }
             Err(e @ AllocError::InvalidPointer { .. }) => {
                 drop(st);
                 // A wrong stream: the owner is another shard. If none has it, this shard's
-                // explanation (e.g. "freed already") is the one that applies.
-                match self.free_anywhere_noting(ptr) {
+                // explanation (e.g. "freed already") is the one that applies. (The allocation
+                // is still live here, so `s` is too; this rare path takes the lock of the
+                // owner's shard and returns without merging.)
+                let r = match s.free_anywhere_noting(ptr) {
                     Err(AllocError::InvalidPointer { .. }) => Err(e),
                     r => r,
-                }
+                };
+                (r, None)
             }
-            Err(e) => Err(e),
+            Err(e) => (Err(e), None),
         }
     }
 

@@ -484,6 +484,12 @@ struct Inner {
 ///   gives back) or the free came first (and needs no count: the handle still held one). A
 ///   cache-hit pair thus writes no shared count at all, where it used to take and give back a
 ///   count whenever it was the only live allocation (`gpu_bench`'s latency loop).
+///
+/// In both cases a free must not touch `Inner` once its lock is given back: another thread's
+/// free may then give back the last count. So a buffer frees through [`Inner::free_raw`], which
+/// holds no reference to `Inner` past that point, and a sharded free that merges the shards'
+/// logs afterwards takes a count for it under the shard's lock (Miri found the sharded free
+/// reading the allocator after its lock on 2026-12-01; `keepalive_when_the_last_handle_races_the_frees`).
 impl Inner {
     /// Shard has live buffers now: one more count of the allocator's `Arc`.
     fn hold(self: &Arc<Self>) {
@@ -513,19 +519,50 @@ impl Inner {
             None => Ok((self.engine.lock().malloc(size, stream)?, None)),
         }
     }
-    /// Frees; `Some(shard)` when a count must be given back (a shard's live count went 1 → 0,
-    /// or the engine's, with a count held since the last handle went).
-    fn free(&self, ptr: u64, stream: StreamId) -> Result<Option<usize>, AllocError> {
-        match &self.sharded {
-            Some(s) => s.free_noting(ptr, stream),
-            None => {
-                let mut e = self.engine.lock();
-                e.free(ptr)?;
-                if self.kept.load(Ordering::Relaxed) && e.stats().allocation.all().current == 0 {
-                    self.kept.store(false, Ordering::Relaxed);
-                    return Ok(Some(0));
+    /// Frees. Returns, to be dropped by the caller after this returns, the count to give back
+    /// (a shard's live count went 1 → 0, or the engine's, with a count held since the last
+    /// handle went) and any count taken to finish the operation after its lock was given back.
+    ///
+    /// Through a raw pointer, because once the lock is given back another thread's free may
+    /// give back the last count and drop `Inner`: no reference to it may be used or held as an
+    /// argument past that point (a `&self` method would hold one until it returns) unless a
+    /// count is held.
+    ///
+    /// # Safety
+    /// `this` must point to a live `Inner` until the lock is taken here: the caller's buffer,
+    /// live until this free, ensures it (see the keep-alive comment above).
+    unsafe fn free_raw(this: *const Inner, ptr: u64, stream: StreamId) -> (Result<(), AllocError>, [Option<Release>; 2]) {
+        // SAFETY: live until the lock is taken (the contract); used after it only while a
+        // count taken under the lock is held.
+        let inner = unsafe { &*this };
+        match &inner.sharded {
+            Some(s) => {
+                let pin = || {
+                    // SAFETY: called under the shard's lock, where the buffer being freed keeps
+                    // its shard's count, so `*this` is alive; the count is given back by the
+                    // `Release` dropped after `free_raw` returns.
+                    unsafe { Arc::increment_strong_count(this) };
+                    Release(this)
+                };
+                // SAFETY: `s` lives in `*this`, which the caller's live buffer keeps alive until
+                // the shard's lock is taken.
+                let (r, pin) = unsafe { ShardedAllocator::free_noting_raw(s, ptr, stream, pin) };
+                match r {
+                    Ok(last) => (Ok(()), [last.map(|_| Release(this)), pin]),
+                    Err(e) => (Err(e), [None, pin]),
                 }
-                Ok(None)
+            }
+            None => {
+                let mut e = inner.engine.lock();
+                if let Err(err) = e.free(ptr) {
+                    return (Err(err), [None, None]);
+                }
+                let last = inner.kept.load(Ordering::Relaxed) && e.stats().allocation.all().current == 0;
+                if last {
+                    inner.kept.store(false, Ordering::Relaxed);
+                }
+                drop(e); // the last use of `inner`
+                (Ok(()), [last.then(|| Release(this)), None])
             }
         }
     }
@@ -1041,14 +1078,12 @@ impl Buffer {
         if !std::mem::take(&mut self.live) {
             return Ok(());
         }
-        let r = self.alloc.inner.free(self.ptr, self.stream.id());
-        let release = match &r {
-            Ok(Some(_)) => Some(Release(Arc::as_ptr(&self.alloc.inner))),
-            _ => None,
-        };
-        // The last use of `self.alloc` was above: giving the count back may free the allocator.
-        drop(release);
-        r.map(|_| ()).map_err(Error::from)
+        let inner = Arc::as_ptr(&self.alloc.inner);
+        // SAFETY: this buffer is live until the free, so its allocator is (keep-alive comment).
+        let (r, counts) = unsafe { Inner::free_raw(inner, self.ptr, self.stream.id()) };
+        // `self.alloc` is not used again: giving the counts back may free the allocator.
+        drop(counts);
+        r.map_err(Error::from)
     }
 
     fn cuda(&self, what: &str) -> Result<&Arc<CudaDevice>, Error> {
