@@ -28,14 +28,21 @@ fn ns_per_pair(f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let rounds: usize = std::env::args().nth(1).map_or(5, |s| s.parse().expect("ROUNDS: a number"));
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .map_or(5, |s| s.parse().expect("ROUNDS: a number"));
     let s0 = StreamId(0);
-    let c = CachingAllocator::with_policy(Arc::new(SimDevice::default()), AllocatorConfig::default(), "cudamem").unwrap();
+    let c =
+        CachingAllocator::with_policy(Arc::new(SimDevice::default()), AllocatorConfig::default(), "cudamem").unwrap();
     let mut cfg = AllocatorConfig::default();
     let policy = cudamem_alloc::policy::by_name("cudamem", &mut cfg).unwrap();
     let m: Mutex<Engine> = Mutex::new(Engine::new(Arc::new(SimDevice::default()), cfg, policy));
     let a = Allocator::with_config("sim", "", "cudamem").unwrap();
-    let _live = (c.malloc(4096, s0).unwrap(), m.lock().unwrap().malloc(4096, s0).unwrap(), a.alloc(4096, Stream::DEFAULT).unwrap());
+    let _live = (
+        c.malloc(4096, s0).unwrap(),
+        m.lock().unwrap().malloc(4096, s0).unwrap(),
+        a.alloc(4096, Stream::DEFAULT).unwrap(),
+    );
     println!("ns per 512 B cache-hit alloc+free pair, {N} pairs per cell");
     println!("| round | engine | std::sync::Mutex | EngineLock | api |");
     println!("|---:|---:|---:|---:|---:|");

@@ -531,7 +531,11 @@ impl Inner {
     /// # Safety
     /// `this` must point to a live `Inner` until the lock is taken here: the caller's buffer,
     /// live until this free, ensures it (see the keep-alive comment above).
-    unsafe fn free_raw(this: *const Inner, ptr: u64, stream: StreamId) -> (Result<(), AllocError>, [Option<Release>; 2]) {
+    unsafe fn free_raw(
+        this: *const Inner,
+        ptr: u64,
+        stream: StreamId,
+    ) -> (Result<(), AllocError>, [Option<Release>; 2]) {
         // SAFETY: live until the lock is taken (the contract); used after it only while a
         // count taken under the lock is held.
         let inner = unsafe { &*this };

@@ -176,7 +176,6 @@ struct Row {
     cuda_ns: Vec<f64>,
 }
 
-
 /// "median [min–max]" of per-round figures; just the figure for one round.
 fn summary(v: &[f64]) -> String {
     let mut v = v.to_vec();

@@ -27,7 +27,14 @@ use std::time::Instant;
 
 use cudamem_replay::{effective_config, free_leftovers, new_allocator, run_once, Program, ReplayOptions};
 
-const COLUMNS: [&str; 6] = ["pair ns", "replay ns/op", "clock GHz", "ALU adds/ns", "L1 ns/load", "L2 ns/load"];
+const COLUMNS: [&str; 6] = [
+    "pair ns",
+    "replay ns/op",
+    "clock GHz",
+    "ALU adds/ns",
+    "L1 ns/load",
+    "L2 ns/load",
+];
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -70,7 +77,14 @@ fn main() {
             free_leftovers(&mut e, &mut slots);
             run_once(&p, &mut e, &target, &mut slots, false).0 as f64 / p.trace_ops as f64
         };
-        samples.push([pair, replay, clock::clock_ghz(20), alu_adds_per_ns(), l1.ns_per_load(), l2.ns_per_load()]);
+        samples.push([
+            pair,
+            replay,
+            clock::clock_ghz(20),
+            alu_adds_per_ns(),
+            l1.ns_per_load(),
+            l2.ns_per_load(),
+        ]);
     }
 
     println!(
