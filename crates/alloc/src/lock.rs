@@ -81,11 +81,6 @@ impl<T> EngineLock<T> {
             .then_some(EngineGuard { lock: self })
     }
 
-    /// The value, through exclusive access to the lock itself (no locking needed).
-    pub fn get_mut(&mut self) -> &mut T {
-        self.value.get_mut()
-    }
-
     /// Waits for the lock: look without writing (no cache-line traffic while it is held), try
     /// when it looks free; spin, then yield, then sleep between looks.
     #[cold]
