@@ -219,7 +219,10 @@ impl<S: StatSink> Engine<S> {
         if orig_size >= ONE_EXABYTE {
             return Err(self.out_of_memory_error(orig_size, orig_size, true));
         }
-        self.process_events();
+        if !self.events.is_empty() {
+            // The check inlined, the work out of line: almost always nothing waits.
+            self.process_events();
+        }
         let mut req = self.request(orig_size, stream);
         let mut block = self.get_free_block(&req);
         if block.is_none() {
@@ -903,6 +906,7 @@ impl<S: StatSink> Engine<S> {
 
     /// Frees the blocks whose events have all completed (PyTorch `process_events`). A failing
     /// query counts as "not yet": the block stays pending until a later query or a sync.
+    #[inline(never)]
     pub fn process_events(&mut self) {
         if self.events.is_empty() {
             return;

@@ -127,6 +127,33 @@ impl Reservation {
     }
 }
 
+/// A map keyed by an id (one `u64`): the event and stream maps are read on every `query_event`,
+/// which a replay with deferred frees makes on most allocations, and SipHash there cost more
+/// than the allocator's own work (callgrind, multistream_prefetch). Keys are the device's own
+/// ids, not input an adversary picks, so a multiply-shift hash is enough.
+type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// Fibonacci hashing of the one integer an id writes.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        // hashbrown takes its 7-bit tag from the top bits and the bucket from the low ones.
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
 #[derive(Debug, Default)]
 struct SimState {
     used: u64,
@@ -136,9 +163,9 @@ struct SimState {
     reservations: BTreeMap<DevicePtr, Reservation>,
     planned: VecDeque<DevicePtr>,
     next_event: u64,
-    events: HashMap<EventId, (StreamId, u64)>,
-    stream_recorded: HashMap<StreamId, u64>,
-    stream_completed: HashMap<StreamId, u64>,
+    events: IdMap<EventId, (StreamId, u64)>,
+    stream_recorded: IdMap<StreamId, u64>,
+    stream_completed: IdMap<StreamId, u64>,
     faults: FaultPlan,
     op_calls: HashMap<FaultOp, u64>,
     rng: u64,
