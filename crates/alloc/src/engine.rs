@@ -31,7 +31,7 @@ use crate::block::{Block, BlockArena, BlockId, Pool, PoolId, SegmentId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OutOfMemory};
 use crate::history::{Action, History};
-use crate::policy::Policy;
+use crate::policy::{Dispatch, Policy};
 use crate::segment::{Backing, Segment, SegmentTable};
 use crate::stats::{Array, DeviceStats, NoSink, StatSink, OVERSIZE_ALLOCATIONS, OVERSIZE_SEGMENTS};
 
@@ -64,7 +64,7 @@ pub(crate) enum Attempt {
 #[derive(Debug)]
 pub struct Engine<S: StatSink = NoSink> {
     pub(crate) device: Arc<dyn Device>,
-    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) policy: Dispatch,
     pub(crate) config: AllocatorConfig,
     pub(crate) blocks: BlockArena,
     pub(crate) pools: Vec<Pool>,
@@ -103,7 +103,7 @@ impl<S: StatSink> Engine<S> {
         let mut e = Engine {
             stats: DeviceStats::new(config.max_split_size),
             device,
-            policy,
+            policy: Dispatch::new(policy),
             config,
             blocks: BlockArena::default(),
             pools,
@@ -264,7 +264,7 @@ impl<S: StatSink> Engine<S> {
     /// The request with the device bytes a miss gets.
     fn with_alloc_size(&self, req: Request) -> Request {
         Request {
-            alloc_size: self.policy.allocation_size(&self.config, req.size),
+            alloc_size: self.policy.get().allocation_size(&self.config, req.size),
             ..req
         }
     }
@@ -391,7 +391,7 @@ impl<S: StatSink> Engine<S> {
             }
         }
         if let Some(page_size) = self.policy.expandable_page_size(&self.config, req.pool) {
-            if self.policy.reclaim_before_growth() {
+            if self.policy.get().reclaim_before_growth() {
                 let need = req.size.div_ceil(page_size) * page_size;
                 self.reclaim_free_pages(req.pool, need)?;
             }
@@ -575,7 +575,7 @@ impl<S: StatSink> Engine<S> {
         let total = self.device.total_memory();
         let va = (total + total / 8).div_ceil(page_size) * page_size;
         let base = self.device.reserve(va)?;
-        let map_chunk = self.policy.map_chunk(&self.config, req.pool).unwrap_or(page_size);
+        let map_chunk = self.policy.get().map_chunk(&self.config, req.pool).unwrap_or(page_size);
         let seg = self.segments.insert(Segment {
             base,
             size: va,
@@ -1150,7 +1150,7 @@ impl<S: StatSink> Engine<S> {
 
     /// The policy.
     pub fn policy(&self) -> &dyn Policy {
-        &*self.policy
+        self.policy.get()
     }
 
     /// The device.

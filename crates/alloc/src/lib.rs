@@ -179,7 +179,7 @@ impl CachingAllocator {
     }
     /// The policy's name.
     pub fn policy_name(&self) -> String {
-        self.lock().policy.name().to_string()
+        self.lock().policy.get().name().to_string()
     }
     /// The device this allocator serves.
     pub fn device(&self) -> Arc<dyn Device> {

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator};
+use cudamem_alloc::block::{Block, PoolId};
+use cudamem_alloc::policy::{self, PoolSpec};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, Policy};
 use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 use proptest::prelude::*;
@@ -131,5 +133,110 @@ proptest! {
     #[test]
     fn nothing_leaks_when_device_calls_fail_at_random(steps in prop::collection::vec(step(), 1..160), c in 0..CONFIGS.len(), seed in 1u64..u64::MAX) {
         run(&steps, CONFIGS[c], 200 << 20, Some(seed))?;
+    }
+}
+
+/// A policy from outside the crate: every decision forwarded to a built-in policy, which it does
+/// not claim to be (`builtin()` keeps its default), so the engine asks it through `dyn Policy`.
+#[derive(Debug)]
+struct Outside(Box<dyn Policy>);
+
+impl Policy for Outside {
+    fn name(&self) -> &str {
+        "outside"
+    }
+    fn pools(&self) -> Vec<PoolSpec> {
+        self.0.pools()
+    }
+    fn round_size(&self, cfg: &AllocatorConfig, size: u64) -> u64 {
+        self.0.round_size(cfg, size)
+    }
+    fn pool_for(&self, cfg: &AllocatorConfig, rounded: u64) -> PoolId {
+        self.0.pool_for(cfg, rounded)
+    }
+    fn allocation_size(&self, cfg: &AllocatorConfig, rounded: u64) -> u64 {
+        self.0.allocation_size(cfg, rounded)
+    }
+    fn expandable_page_size(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
+        self.0.expandable_page_size(cfg, pool)
+    }
+    fn accepts_cached(&self, cfg: &AllocatorConfig, rounded: u64, candidate: u64) -> bool {
+        self.0.accepts_cached(cfg, rounded, candidate)
+    }
+    fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool {
+        self.0.should_split(cfg, block, rounded, small_pool)
+    }
+    fn reclaim_before_growth(&self) -> bool {
+        self.0.reclaim_before_growth()
+    }
+    fn map_chunk(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
+        self.0.map_chunk(cfg, pool)
+    }
+}
+
+/// The same steps on a built-in policy (called directly by the engine) and on [`Outside`]
+/// wrapping it (called through `dyn Policy`): every address, error and stat must agree.
+fn same_through_dyn(steps: &[Step], (name, settings): (&str, &str)) -> Result<(), TestCaseError> {
+    let mut pair = Vec::new();
+    for outside in [false, true] {
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            capacity: 400 << 20,
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        }));
+        let mut cfg = AllocatorConfig::parse(settings).unwrap();
+        let p = policy::by_name(name, &mut cfg).unwrap();
+        prop_assert!(p.builtin().is_some(), "{} is built in", name);
+        let p: Box<dyn Policy> = if outside { Box::new(Outside(p)) } else { p };
+        pair.push((sim.clone(), CachingAllocator::new(sim, cfg, p)));
+    }
+    let mut live: Vec<u64> = Vec::new();
+    for s in steps {
+        match *s {
+            Step::Alloc { size, stream } => {
+                let r: Vec<_> = pair
+                    .iter()
+                    .map(|(_, a)| a.malloc(size, StreamId(stream as u64)).map_err(|e| e.to_string()))
+                    .collect();
+                prop_assert_eq!(&r[0], &r[1], "malloc({}) after {:?}", size, s);
+                if let Ok(p) = r[0] {
+                    live.push(p);
+                }
+            }
+            Step::Free { pick } if !live.is_empty() => {
+                let p = live.swap_remove(pick % live.len());
+                for (_, a) in &pair {
+                    a.free(p).unwrap();
+                }
+            }
+            Step::RecordStream { pick, stream } if !live.is_empty() => {
+                for (_, a) in &pair {
+                    a.record_stream(live[pick % live.len()], StreamId(stream as u64))
+                        .unwrap();
+                }
+            }
+            Step::CompleteStream { stream } => {
+                for (sim, _) in &pair {
+                    sim.complete_stream(StreamId(stream as u64));
+                }
+            }
+            Step::EmptyCache => {
+                for (_, a) in &pair {
+                    a.empty_cache().unwrap();
+                }
+            }
+            _ => {}
+        }
+        prop_assert_eq!(pair[0].1.stats(), pair[1].1.stats(), "stats after {:?}", s);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_builtin_policy_decides_the_same_called_directly_or_through_dyn(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
+        same_through_dyn(&steps, CONFIGS[c])?;
     }
 }

@@ -105,4 +105,8 @@ impl Policy for CudamemPolicy {
         // cudamem-compact reclaims single pages, so it maps single pages.
         (!self.compact).then_some(MAP_CHUNK)
     }
+
+    fn builtin(&self) -> Option<super::Builtin> {
+        Some(super::Builtin::Cudamem(*self))
+    }
 }

@@ -97,4 +97,8 @@ impl Policy for PytorchPolicy {
             rounded < cfg.max_split_size && remaining > SMALL_SIZE
         }
     }
+
+    fn builtin(&self) -> Option<super::Builtin> {
+        Some(super::Builtin::Pytorch(*self))
+    }
 }
