@@ -80,7 +80,7 @@ pub fn check<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     }
     check_pools(e)?;
     check_allocated(e)?;
-    let s = &e.stats;
+    let s = &e.stats();
     let sum = |f: &dyn Fn(&crate::block::Block) -> i64, pred: &dyn Fn(&crate::block::Block) -> bool| {
         let mut v = [0i64; 3];
         for (_, b) in e.blocks.iter().filter(|(_, b)| pred(b)) {

@@ -114,7 +114,7 @@ impl CachingAllocator {
 
     /// The statistics.
     pub fn stats(&self) -> DeviceStats {
-        self.lock().stats
+        self.lock().stats()
     }
 
     /// `memory_stats()`: the 122-key dict.
@@ -125,7 +125,7 @@ impl CachingAllocator {
     /// `memory_summary(abbreviated)`: PyTorch's table.
     pub fn memory_summary(&self, abbreviated: bool) -> String {
         let e = self.lock();
-        summary::memory_summary(&e.stats.to_dict(), e.device.index(), abbreviated)
+        summary::memory_summary(&e.stats().to_dict(), e.device.index(), abbreviated)
     }
 
     /// `memory_allocated()`: bytes of live allocations (rounded sizes).
@@ -146,11 +146,11 @@ impl CachingAllocator {
     }
     /// `reset_peak_memory_stats()`.
     pub fn reset_peak_memory_stats(&self) {
-        self.lock().stats.reset_peak();
+        self.lock().reset_peak_stats();
     }
     /// `reset_accumulated_memory_stats()`.
     pub fn reset_accumulated_memory_stats(&self) {
-        self.lock().stats.reset_accumulated();
+        self.lock().reset_accumulated_stats();
     }
     /// `mem_get_info()`: `(free, total)` bytes of the device.
     pub fn mem_get_info(&self) -> Result<(u64, u64), AllocError> {

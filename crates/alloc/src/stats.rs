@@ -7,6 +7,9 @@
 //!
 //! The engine updates stats in one place per event (see `engine`), always for `all` plus the pool
 //! the block belongs to, so `all == small_pool + large_pool` holds for every array at all times.
+//! One exception saves work on every pair: an engine whose [`StatSink`] hears nothing leaves
+//! `active` and `active_bytes` to mirror `allocation` and `allocated_bytes` until a block first
+//! waits for events (they are equal field for field until then); `Engine::stats` fills them in.
 
 use crate::summary::StatsDict;
 
@@ -138,6 +141,10 @@ pub(crate) enum Array {
 /// reading any value back) and compare each rise with their ceilings as it happens. A rise and
 /// a fall are told apart because only a rise can pass a ceiling.
 pub trait StatSink: Default + std::fmt::Debug + Send {
+    /// Whether this sink hears anything. An engine whose sink does not may leave `active` and
+    /// `active_bytes` to mirror `allocation` and `allocated_bytes` while no block waits for
+    /// events (see `Engine::stats`); one whose sink hears must tell every change.
+    const HEARS: bool = true;
     /// Value `i` rose by `delta` (> 0) and is now `now`; `all` is its array's `all` now (for
     /// the oversize counters, which have no `all`, `now` again).
     fn rose(&mut self, i: usize, delta: i64, now: i64, all: i64);
@@ -150,6 +157,7 @@ pub trait StatSink: Default + std::fmt::Debug + Send {
 pub struct NoSink;
 
 impl StatSink for NoSink {
+    const HEARS: bool = false;
     #[inline(always)]
     fn rose(&mut self, _: usize, _: i64, _: i64, _: i64) {}
     #[inline(always)]

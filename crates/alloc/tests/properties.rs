@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudamem_alloc::block::{Block, PoolId};
 use cudamem_alloc::policy::{self, PoolSpec};
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, Policy};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, Engine, NoSink, Policy, StatSink};
 use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 use proptest::prelude::*;
@@ -238,5 +238,84 @@ proptest! {
     #[test]
     fn a_builtin_policy_decides_the_same_called_directly_or_through_dyn(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
         same_through_dyn(&steps, CONFIGS[c])?;
+    }
+}
+
+/// A sink that hears (and ignores) every change: an engine with it updates `active` and
+/// `active_bytes` itself on every change, where one without a hearing sink lets them mirror
+/// `allocation` and `allocated_bytes` until a block first waits for events.
+#[derive(Debug, Default)]
+struct Hears;
+
+impl StatSink for Hears {
+    fn rose(&mut self, _: usize, _: i64, _: i64, _: i64) {}
+    fn fell(&mut self, _: usize, _: i64) {}
+}
+
+/// The same steps on both engines, with peak and accumulated resets among them: every stat
+/// agrees after every step, before and after the first block waits for events.
+fn active_mirror_is_exact(steps: &[Step], (name, settings): (&str, &str)) -> Result<(), TestCaseError> {
+    fn engine<S: StatSink>(name: &str, settings: &str) -> (Arc<SimDevice>, Engine<S>) {
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            capacity: 400 << 20,
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        }));
+        let mut cfg = AllocatorConfig::parse(settings).unwrap();
+        let p = policy::by_name(name, &mut cfg).unwrap();
+        (sim.clone(), Engine::new(sim, cfg, p))
+    }
+    let (sim_m, mut mirror) = engine::<NoSink>(name, settings);
+    let (sim_h, mut hears) = engine::<Hears>(name, settings);
+    let mut live: Vec<u64> = Vec::new();
+    for (k, s) in steps.iter().enumerate() {
+        match *s {
+            Step::Alloc { size, stream } => {
+                let a = mirror.malloc(size, StreamId(stream as u64)).map_err(|e| e.to_string());
+                let b = hears.malloc(size, StreamId(stream as u64)).map_err(|e| e.to_string());
+                prop_assert_eq!(&a, &b);
+                if let Ok(p) = a {
+                    live.push(p);
+                }
+            }
+            Step::Free { pick } if !live.is_empty() => {
+                let p = live.swap_remove(pick % live.len());
+                mirror.free(p).unwrap();
+                hears.free(p).unwrap();
+            }
+            Step::RecordStream { pick, stream } if !live.is_empty() => {
+                let p = live[pick % live.len()];
+                mirror.record_stream(p, StreamId(stream as u64)).unwrap();
+                hears.record_stream(p, StreamId(stream as u64)).unwrap();
+            }
+            Step::CompleteStream { stream } => {
+                sim_m.complete_stream(StreamId(stream as u64));
+                sim_h.complete_stream(StreamId(stream as u64));
+            }
+            Step::EmptyCache => {
+                mirror.empty_cache().unwrap();
+                hears.empty_cache().unwrap();
+            }
+            _ => {}
+        }
+        if k % 7 == 3 {
+            mirror.reset_peak_stats();
+            hears.reset_peak_stats();
+        }
+        if k % 11 == 5 {
+            mirror.reset_accumulated_stats();
+            hears.reset_accumulated_stats();
+        }
+        prop_assert_eq!(mirror.stats(), hears.stats(), "stats after step {}: {:?}", k, s);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn active_stats_mirror_allocation_exactly(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
+        active_mirror_is_exact(&steps, CONFIGS[c])?;
     }
 }

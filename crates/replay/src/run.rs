@@ -242,7 +242,7 @@ pub fn run_once(
                     slots[slot as usize] = ptr;
                     if capture && e.stats().reserved_bytes.all().current > best {
                         best = e.stats().reserved_bytes.all().current;
-                        peak = Some(*e.stats());
+                        peak = Some(e.stats());
                     }
                 }
                 Err(err) if err.is_out_of_memory() => ooms += 1,

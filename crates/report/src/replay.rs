@@ -178,7 +178,7 @@ fn run_device(
                         live.insert(ev_i.addr, ptr);
                         if e.stats().reserved_bytes.all().current > best {
                             best = e.stats().reserved_bytes.all().current;
-                            peak = Some(*e.stats());
+                            peak = Some(e.stats());
                         }
                     }
                     Err(err) if err.is_out_of_memory() => {
@@ -226,7 +226,7 @@ fn run_device(
         }
     }
     set_stack(&mut e, None);
-    let stats = *e.stats();
+    let stats = e.stats();
     let snapshot = e.snapshot();
     Ok(DeviceRun {
         device: dt.device,
