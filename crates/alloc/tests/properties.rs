@@ -174,18 +174,25 @@ impl Policy for Outside {
     }
 }
 
+/// A 400 MiB simulated device whose events complete when told, and the named policy with the
+/// config its name implies: one side of a differential test.
+fn differential_setup(name: &str, settings: &str) -> (Arc<SimDevice>, AllocatorConfig, Box<dyn Policy>) {
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity: 400 << 20,
+        event_mode: EventMode::Manual,
+        ..SimConfig::default()
+    }));
+    let mut cfg = AllocatorConfig::parse(settings).unwrap();
+    let p = policy::by_name(name, &mut cfg).unwrap();
+    (sim, cfg, p)
+}
+
 /// The same steps on a built-in policy (called directly by the engine) and on [`Outside`]
 /// wrapping it (called through `dyn Policy`): every address, error and stat must agree.
 fn same_through_dyn(steps: &[Step], (name, settings): (&str, &str)) -> Result<(), TestCaseError> {
     let mut pair = Vec::new();
     for outside in [false, true] {
-        let sim = Arc::new(SimDevice::new(SimConfig {
-            capacity: 400 << 20,
-            event_mode: EventMode::Manual,
-            ..SimConfig::default()
-        }));
-        let mut cfg = AllocatorConfig::parse(settings).unwrap();
-        let p = policy::by_name(name, &mut cfg).unwrap();
+        let (sim, cfg, p) = differential_setup(name, settings);
         prop_assert!(p.builtin().is_some(), "{} is built in", name);
         let p: Box<dyn Policy> = if outside { Box::new(Outside(p)) } else { p };
         pair.push((sim.clone(), CachingAllocator::new(sim, cfg, p)));
@@ -232,15 +239,6 @@ fn same_through_dyn(steps: &[Step], (name, settings): (&str, &str)) -> Result<()
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-
-    #[test]
-    fn a_builtin_policy_decides_the_same_called_directly_or_through_dyn(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
-        same_through_dyn(&steps, CONFIGS[c])?;
-    }
-}
-
 /// A sink that hears (and ignores) every change: an engine with it updates `active` and
 /// `active_bytes` itself on every change, where one without a hearing sink lets them mirror
 /// `allocation` and `allocated_bytes` until a block first waits for events.
@@ -256,13 +254,7 @@ impl StatSink for Hears {
 /// agrees after every step, before and after the first block waits for events.
 fn active_mirror_is_exact(steps: &[Step], (name, settings): (&str, &str)) -> Result<(), TestCaseError> {
     fn engine<S: StatSink>(name: &str, settings: &str) -> (Arc<SimDevice>, Engine<S>) {
-        let sim = Arc::new(SimDevice::new(SimConfig {
-            capacity: 400 << 20,
-            event_mode: EventMode::Manual,
-            ..SimConfig::default()
-        }));
-        let mut cfg = AllocatorConfig::parse(settings).unwrap();
-        let p = policy::by_name(name, &mut cfg).unwrap();
+        let (sim, cfg, p) = differential_setup(name, settings);
         (sim.clone(), Engine::new(sim, cfg, p))
     }
     let (sim_m, mut mirror) = engine::<NoSink>(name, settings);
@@ -311,8 +303,14 @@ fn active_mirror_is_exact(steps: &[Step], (name, settings): (&str, &str)) -> Res
     Ok(())
 }
 
+// Two differential properties: each runs the same steps on two engines that must agree.
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_builtin_policy_decides_the_same_called_directly_or_through_dyn(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
+        same_through_dyn(&steps, CONFIGS[c])?;
+    }
 
     #[test]
     fn active_stats_mirror_allocation_exactly(steps in prop::collection::vec(step(), 1..200), c in 0..CONFIGS.len()) {
