@@ -106,7 +106,7 @@ impl Policy for CudamemPolicy {
         (!self.compact).then_some(MAP_CHUNK)
     }
 
-    fn builtin(&self) -> Option<super::Builtin> {
+    fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {
         Some(super::Builtin::Cudamem(*self))
     }
 }

@@ -73,10 +73,29 @@ pub trait Policy: Send + Sync + fmt::Debug {
     }
 
     /// This policy as a [`Builtin`], if it is one. The engine then calls its hot decisions
-    /// directly, inlined, instead of through `dyn Policy`. A new policy may leave this as it is.
-    fn builtin(&self) -> Option<Builtin> {
+    /// directly, inlined, instead of through `dyn Policy`. Only this crate can implement it
+    /// (the token's type cannot be named outside): a policy elsewhere that claimed to be a
+    /// built-in one would have the engine make its hot decisions with another policy's rules.
+    fn builtin(&self, _: sealed::Token) -> Option<Builtin> {
         None
     }
+}
+
+mod sealed {
+    /// Makes [`super::Policy::builtin`] implementable only in this crate: outside it the token
+    /// cannot be named, so no other implementation of the method can be written.
+    ///
+    /// ```compile_fail
+    /// fn builtin(_: cudamem_alloc::policy::sealed::Token) {}
+    /// ```
+    #[derive(Clone, Copy, Debug)]
+    pub struct Token;
+}
+
+/// Whether the engine calls `policy`'s hot decisions directly (a [`Builtin`]) rather than
+/// through `dyn Policy`.
+pub fn is_builtin(policy: &dyn Policy) -> bool {
+    policy.builtin(sealed::Token).is_some()
 }
 
 /// The policies of this folder, by value. Through `dyn Policy`, the three decisions of every
@@ -113,7 +132,7 @@ macro_rules! dispatch {
 
 impl Dispatch {
     pub(crate) fn new(policy: Box<dyn Policy>) -> Dispatch {
-        match policy.builtin() {
+        match policy.builtin(sealed::Token) {
             Some(b) => Dispatch::Builtin(b, policy),
             None => Dispatch::Other(policy),
         }

@@ -98,7 +98,7 @@ impl Policy for PytorchPolicy {
         }
     }
 
-    fn builtin(&self) -> Option<super::Builtin> {
+    fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {
         Some(super::Builtin::Pytorch(*self))
     }
 }
