@@ -842,8 +842,12 @@ impl<S: StatSink> Engine<S> {
             net_bytes += b.size as i64;
         }
         let small = self.is_small(pool);
-        if !expandable {
+        // A free that merged nothing and left a whole segment changes neither (half the frees
+        // of a training step): skip the two no-op updates of four values each.
+        if !expandable && net_blocks != 0 {
             self.stat_change(Array::InactiveSplit, small, net_blocks);
+        }
+        if !expandable && net_bytes != 0 {
             self.stat_change(Array::InactiveSplitBytes, small, net_bytes);
         }
         if !self.active_is_allocation {

@@ -30,7 +30,9 @@ use crate::block::{BlockId, SizeKey};
 
 const EXACT_UNITS: u64 = 64; // sizes below 64 × 512 B get one class per 512 B
 const SUB: u32 = 5; // 2^5 = 32 classes per power of two above that
-const CLASSES: usize = 64 + 64 * 32; // enough for every u64 size
+// Every u64 size has a class below 1664 (u64::MAX's); a power of two lets `class_of` say so
+// with one `and`, and the class vector's bounds check goes away.
+const CLASSES: usize = 2048;
 const WORDS: usize = CLASSES.div_ceil(64);
 
 /// The size class of a size.
@@ -43,7 +45,7 @@ fn class_of(size: u64) -> usize {
     let e = 63 - u.leading_zeros(); // floor(log2(u)) >= 5
     let m = (u >> (e - SUB)) & ((1 << SUB) - 1);
     let logarithmic = (EXACT_UNITS as usize) + (e as usize) * (1 << SUB) + m as usize - 6 * (1 << SUB);
-    std::hint::select_unpredictable(units < EXACT_UNITS, units as usize, logarithmic)
+    std::hint::select_unpredictable(units < EXACT_UNITS, units as usize, logarithmic) & (CLASSES - 1)
 }
 
 /// `(size, addr)` as one number with the same order: one 128-bit comparison (two instructions)
