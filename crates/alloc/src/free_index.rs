@@ -170,14 +170,17 @@ impl StreamBins {
     fn insert(&mut self, size: u64, addr: u64, id: BlockId) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
+        if v.is_empty() {
+            // Two inserts in three land in an empty class (gpt2_train): nothing to search.
+            v.push((size, addr, id));
+            self.mark(c, true);
+            return true;
+        }
         let i = at_or_above(v, size, addr);
         if i > 0 && (v[i - 1].0, v[i - 1].1) == (size, addr) {
             return false;
         }
-        insert_at(v, i, (size, addr, id));
-        if v.len() == 1 {
-            self.mark(c, true);
-        }
+        insert_at(v, i, (size, addr, id)); // the class was marked already
         true
     }
 
@@ -185,6 +188,15 @@ impl StreamBins {
     fn remove(&mut self, size: u64, addr: u64) -> bool {
         let c = class_of(size);
         let v = &mut self.classes[c];
+        if let [only] = v.as_slice() {
+            // Most removals take a class's only entry (inserts mostly fill empty classes).
+            if (only.0, only.1) != (size, addr) {
+                return false;
+            }
+            v.clear();
+            self.mark(c, false);
+            return true;
+        }
         let i = at_or_above(v, size, addr);
         if i == 0 || (v[i - 1].0, v[i - 1].1) != (size, addr) {
             return false;
