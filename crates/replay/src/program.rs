@@ -40,7 +40,9 @@ pub struct Program {
     pub device: i32,
     /// The steps.
     pub ops: Vec<Op>,
-    /// Number of slots.
+    /// Number of slots: the most allocations live at once (a freed allocation's slot is
+    /// reused, last freed first, so that the replay's own table stays small and warm in the
+    /// cache instead of growing by one slot per allocation of the trace).
     pub slots: u32,
     /// Number of private replay streams (deferred frees).
     pub deferred_streams: u32,
@@ -70,6 +72,7 @@ impl Program {
             ..Program::default()
         };
         let mut live: HashMap<u64, u32> = HashMap::new();
+        let mut vacant: Vec<u32> = Vec::new();
         // Deferred frees waiting for their free_completed: address -> replay stream.
         let mut pending: HashMap<u64, u32> = HashMap::new();
         let (mut reserved, mut in_release_run) = (0i64, false);
@@ -81,8 +84,12 @@ impl Program {
             in_release_run = is_release || (in_release_run && matches!(e.action, Action::Snapshot));
             match e.action {
                 Action::Alloc => {
-                    let slot = p.slots;
-                    p.slots += 1;
+                    let slot = vacant.pop().unwrap_or_else(|| {
+                        p.slots += 1;
+                        p.slots - 1
+                    });
+                    // An address allocated twice without a free between (a free the trace
+                    // lost) leaves the first slot occupied: its allocation lives to the end.
                     live.insert(e.addr, slot);
                     p.ops.push(Op::Malloc {
                         size: e.size,
@@ -97,6 +104,7 @@ impl Program {
                         p.unmatched_frees += 1;
                         continue;
                     };
+                    vacant.push(slot);
                     let immediate = ev
                         .get(i + 1)
                         .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
