@@ -764,7 +764,8 @@ impl<S: StatSink> Engine<S> {
         if ptr == 0 {
             return Ok(());
         }
-        let Some(id) = self.allocated.remove(ptr) else {
+        let blocks = &self.blocks;
+        let Some(id) = self.allocated.remove(ptr, |id| blocks[id].addr == ptr) else {
             return Err(self.invalid_pointer(ptr));
         };
         if self.active_is_allocation && self.blocks[id].stream_uses.is_some() {
@@ -795,6 +796,11 @@ impl<S: StatSink> Engine<S> {
             self.insert_events(id);
         }
         Ok(())
+    }
+
+    /// Whether `ptr` is an allocation of this engine (one `free` would accept).
+    pub fn owns(&self, ptr: u64) -> bool {
+        self.allocated.get(ptr, |id| self.blocks[id].addr == ptr).is_some()
     }
 
     #[cold]
@@ -894,7 +900,7 @@ impl<S: StatSink> Engine<S> {
     /// Marks an allocation as used on `stream` too: it will not be reused before the work queued
     /// on `stream` at its free has completed. Uses on its own stream need nothing.
     pub fn record_stream(&mut self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let Some(id) = self.allocated.get(ptr) else {
+        let Some(id) = self.allocated.get(ptr, |id| self.blocks[id].addr == ptr) else {
             return Err(self.invalid_pointer(ptr));
         };
         let b = &mut self.blocks[id];

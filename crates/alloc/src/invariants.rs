@@ -180,9 +180,13 @@ fn check_allocated<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), Strin
             e.allocated.len()
         ));
     }
-    for (addr, id) in e.allocated.iter() {
-        if !e.blocks.is_live(id) || e.blocks[id].addr != addr || !e.blocks[id].allocated {
-            return Err(format!("pointer map entry {addr:#x} is stale"));
+    for id in e.allocated.ids() {
+        if !e.blocks.is_live(id) || !e.blocks[id].allocated {
+            return Err(format!("pointer map entry of block {} is stale", id.index()));
+        }
+        let addr = e.blocks[id].addr;
+        if e.allocated.get(addr, |i| e.blocks[i].addr == addr) != Some(id) {
+            return Err(format!("pointer map entry {addr:#x} cannot be found by its address"));
         }
     }
     Ok(())

@@ -1321,7 +1321,7 @@ impl ShardedAllocator {
     fn free_anywhere_noting(&self, ptr: DevicePtr) -> Result<Option<usize>, AllocError> {
         for i in 0..self.shards.len() {
             let mut st = self.shard(i);
-            if st.engine.allocated.contains_key(ptr) {
+            if st.engine.owns(ptr) {
                 st.engine.free(ptr)?;
                 st.record(&self.alarm);
                 return Ok((st.engine.stats.allocation.all().current == 0).then_some(i));
