@@ -7,9 +7,13 @@
 //!
 //! The engine updates stats in one place per event (see `engine`), always for `all` plus the pool
 //! the block belongs to, so `all == small_pool + large_pool` holds for every array at all times.
-//! One exception saves work on every pair: an engine whose [`StatSink`] hears nothing leaves
-//! `active` and `active_bytes` to mirror `allocation` and `allocated_bytes` until a block first
-//! waits for events (they are equal field for field until then); `Engine::stats` fills them in.
+//! Two exceptions save work on every pair, both for an engine whose [`StatSink`] hears nothing,
+//! and `Engine::stats` fills in what they leave out:
+//! * `active` and `active_bytes` mirror `allocation` and `allocated_bytes` until a block first
+//!   waits for events (they are equal field for field until then);
+//! * `all`'s `current`, `allocated` and `freed` are the pools' sums, so only the pool's values
+//!   and `all`'s peak (against the pools' sum) change ([`StatArray::increase_pool`]).
+//!   `all.peak` is the one value of `all` that the pools do not determine.
 
 use crate::summary::StatsDict;
 
@@ -95,6 +99,41 @@ impl StatArray {
         }
         debug_assert!(self.0[0].current >= 0, "negative stat: a bookkeeping bug");
     }
+    /// [`StatArray::increase`] where `all`'s `current`, `allocated` and `freed` are left to
+    /// [`StatArray::sum_all`]: the pool's stat as always, and `all`'s peak against the pools'
+    /// sum (what `all.current` would be). Two read-modify-writes of memory fewer.
+    #[inline]
+    pub(crate) fn increase_pool(&mut self, small: bool, n: u64) {
+        self.0[if small { 1 } else { 2 }].increase(n);
+        let sum = self.0[1].current + self.0[2].current;
+        self.0[0].peak = self.0[0].peak.max(sum);
+    }
+    /// [`StatArray::decrease`] likewise: the pool's stat only (a fall sets no peak).
+    #[inline]
+    pub(crate) fn decrease_pool(&mut self, small: bool, n: u64) {
+        self.0[if small { 1 } else { 2 }].decrease(n);
+    }
+    /// [`StatArray::change`] likewise.
+    #[inline]
+    pub(crate) fn change_pool(&mut self, small: bool, delta: i64) {
+        let (up, down) = (delta.max(0), delta.min(0).wrapping_neg());
+        let st = &mut self.0[if small { 1 } else { 2 }];
+        st.current += delta;
+        st.peak = st.peak.max(st.current);
+        st.allocated += up;
+        st.freed += down;
+        debug_assert!(st.current >= 0, "negative stat: a bookkeeping bug");
+        let sum = self.0[1].current + self.0[2].current;
+        self.0[0].peak = self.0[0].peak.max(sum);
+    }
+    /// Sets `all`'s `current`, `allocated` and `freed` to the sums of the pools' (its peak
+    /// is kept): what they are when every change went to both.
+    pub(crate) fn sum_all(&mut self) {
+        let [all, small, large] = &mut self.0;
+        all.current = small.current + large.current;
+        all.allocated = small.allocated + large.allocated;
+        all.freed = small.freed + large.freed;
+    }
     /// The stat of the small pool (`small`) or the large one.
     #[inline]
     pub fn pool(&self, small: bool) -> &Stat {
@@ -143,7 +182,8 @@ pub(crate) enum Array {
 pub trait StatSink: Default + std::fmt::Debug + Send {
     /// Whether this sink hears anything. An engine whose sink does not may leave `active` and
     /// `active_bytes` to mirror `allocation` and `allocated_bytes` while no block waits for
-    /// events (see `Engine::stats`); one whose sink hears must tell every change.
+    /// events, and `all`'s values but its peak to the pools' sums (see `Engine::stats`); one
+    /// whose sink hears must tell every change.
     const HEARS: bool = true;
     /// Value `i` rose by `delta` (> 0) and is now `now`; `all` is its array's `all` now (for
     /// the oversize counters, which have no `all`, `now` again).
@@ -322,6 +362,13 @@ impl DeviceStats {
         d.insert("num_device_free".into(), self.num_device_free);
         d.insert("max_split_size".into(), self.max_split_size);
         d
+    }
+
+    /// [`StatArray::sum_all`] for every array.
+    pub(crate) fn sum_all(&mut self) {
+        for a in self.arrays_mut() {
+            a.sum_all();
+        }
     }
 
     /// `reset_peak_memory_stats`: every peak becomes its current value.
