@@ -791,17 +791,19 @@ impl<S: StatSink> Engine<S> {
         let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
         self.stat_down(Array::Allocation, small, 1);
         self.stat_down(Array::AllocatedBytes, small, size);
-        let free_stack = if self.history.context >= crate::history::RecordContext::All {
-            self.current_stack
-        } else {
-            stack
-        };
-        self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
+        if self.history.enabled {
+            let free_stack = if self.history.context >= crate::history::RecordContext::All {
+                self.current_stack
+            } else {
+                stack
+            };
+            self.trace(Action::FreeRequested, ptr, requested, stream, free_stack.or(stack));
+        }
         if std::mem::take(&mut self.blocks[id].oversize) {
             self.oversize_change(OVERSIZE_ALLOCATIONS, false);
         }
         if self.blocks[id].stream_uses.is_none() {
-            self.free_block(id);
+            self.free_block_of(id, small);
         } else {
             self.insert_events(id);
         }
@@ -832,12 +834,18 @@ impl<S: StatSink> Engine<S> {
     }
 
     /// Returns a block whose uses are over to its pool (PyTorch `free_block`).
-    #[inline(always)]
     fn free_block(&mut self, id: BlockId) {
-        let (addr, requested, stream, stack, original_size, pool, expandable) = {
+        let small = self.is_small(self.blocks[id].pool);
+        self.free_block_of(id, small);
+    }
+
+    /// [`Engine::free_block`] for a block of the small pool (`small`) or a large one.
+    #[inline(always)]
+    fn free_block_of(&mut self, id: BlockId, small: bool) {
+        let (addr, requested, stream, stack, original_size, expandable) = {
             let b = &self.blocks[id];
             debug_assert!(b.is_free());
-            (b.addr, b.requested, b.stream, b.stack, b.size, b.pool, b.expandable)
+            (b.addr, b.requested, b.stream, b.stack, b.size, b.expandable)
         };
         self.trace(Action::FreeCompleted, addr, requested, stream, stack);
         self.blocks[id].stack = None;
@@ -857,7 +865,6 @@ impl<S: StatSink> Engine<S> {
             net_blocks += 1;
             net_bytes += b.size as i64;
         }
-        let small = self.is_small(pool);
         // A free that merged nothing and left a whole segment changes neither (half the frees
         // of a training step): skip the two no-op updates of four values each.
         if !expandable && net_blocks != 0 {
