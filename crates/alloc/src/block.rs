@@ -131,9 +131,15 @@ impl BlockArena {
     #[inline(always)]
     pub fn insert(&mut self, b: Block) -> BlockId {
         if let Some(i) = self.vacant.pop() {
-            self.slots[i as usize] = b;
-            self.live[i as usize] = true;
-            BlockId::new(i)
+            let i = i as usize;
+            debug_assert!(i < self.slots.len() && i < self.live.len());
+            // SAFETY: `vacant` holds only indices of slots that exist (`remove` pushes the
+            // index of a live block; `slots` and `live` never shrink).
+            let (slot, live) = unsafe { (self.slots.get_unchecked_mut(i), self.live.get_unchecked_mut(i)) };
+            // The vacant slot's `stream_uses` was taken by `remove`: nothing to drop.
+            std::mem::forget(std::mem::replace(slot, b));
+            *live = true;
+            BlockId::new(i as u32)
         } else {
             if self.slots.capacity() == 0 {
                 // A device's first block: room for a typical working set at once, instead of

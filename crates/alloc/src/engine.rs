@@ -99,6 +99,14 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) sink: S,
 }
 
+/// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
+#[inline(always)]
+fn pool_mut(pools: &mut [Pool], p: PoolId) -> &mut Pool {
+    debug_assert!((p.0 as usize) < pools.len());
+    // SAFETY: as in `Engine::pool`: `p` indexes the engine's pools.
+    unsafe { pools.get_unchecked_mut(p.0 as usize) }
+}
+
 /// The number of array `a`'s small-pool (`2a`) or large-pool (`2a + 1`) value, as
 /// [`DeviceStats::pool_value`] numbers them.
 #[inline]
@@ -207,7 +215,17 @@ impl<S: StatSink> Engine<S> {
 
     #[inline]
     fn is_small(&self, pool: PoolId) -> bool {
-        self.pools[pool.0 as usize].is_small
+        self.pool(pool).is_small
+    }
+
+    /// Pool `p`, unchecked. Every `PoolId` the engine holds, in a request, a block or a
+    /// segment, came from the policy through [`Engine::request`], which checks it, and `pools`
+    /// keeps its length from `new` on. Debug builds check again.
+    #[inline(always)]
+    fn pool(&self, p: PoolId) -> &Pool {
+        debug_assert!((p.0 as usize) < self.pools.len());
+        // SAFETY: as said above, `p` indexes `pools`.
+        unsafe { self.pools.get_unchecked(p.0 as usize) }
     }
 
     // ----------------------------------------------------------------------------------------
@@ -276,7 +294,8 @@ impl<S: StatSink> Engine<S> {
             size,
             stream,
             pool,
-            small: self.is_small(pool),
+            // Checked: the one place a `PoolId` enters the engine (see `Engine::pool`).
+            small: self.pools[pool.0 as usize].is_small,
             alloc_size: 0,
         }
     }
@@ -356,7 +375,7 @@ impl<S: StatSink> Engine<S> {
         let policy = &self.policy;
         let config = &self.config;
         let blocks = &self.blocks;
-        let pool = &mut self.pools[req.pool.0 as usize];
+        let pool = pool_mut(&mut self.pools, req.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
@@ -542,7 +561,7 @@ impl<S: StatSink> Engine<S> {
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let b = &mut self.blocks[id];
-        let pool = &mut self.pools[b.pool.0 as usize];
+        let pool = pool_mut(&mut self.pools, b.pool);
         if b.mapped {
             b.gc_count_base = pool.get_free_blocks_call_count;
             pool.blocks.insert(Pool::size_key(id, b));
@@ -555,7 +574,7 @@ impl<S: StatSink> Engine<S> {
     #[inline]
     fn remove_free(&mut self, id: BlockId) -> bool {
         let b = &self.blocks[id];
-        let pool = &mut self.pools[b.pool.0 as usize];
+        let pool = pool_mut(&mut self.pools, b.pool);
         if b.mapped {
             pool.blocks.remove(&Pool::size_key(id, b))
         } else {
