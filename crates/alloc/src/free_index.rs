@@ -30,8 +30,8 @@ use crate::block::{BlockId, SizeKey};
 
 const EXACT_UNITS: u64 = 64; // sizes below 64 × 512 B get one class per 512 B
 const SUB: u32 = 5; // 2^5 = 32 classes per power of two above that
-// Every u64 size has a class below 1664 (u64::MAX's); a power of two lets `class_of` say so
-// with one `and`, and the class vector's bounds check goes away.
+/// Classes: every u64 size has one below 1664 (u64::MAX's); a power of two lets `class_of` say
+/// so with one `and`, and the class vector's bounds check goes away.
 const CLASSES: usize = 2048;
 const WORDS: usize = CLASSES.div_ceil(64);
 
