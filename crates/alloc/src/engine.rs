@@ -1209,7 +1209,8 @@ impl<S: StatSink> Engine<S> {
     ///
     /// An engine whose sink hears nothing keeps each array's `all` `current`, `allocated`
     /// and `freed` as the sums of the pools' (it updates only the pool's value and `all`'s
-    /// peak, against the pools' sum: 4 fewer read-modify-writes of memory a pair); they are
+    /// peak, against the pools' sum: two read-modify-writes of memory fewer a change, about
+    /// twelve a pair); they are
     /// summed here. A hearing sink is told `all`'s value at every change, so that engine
     /// keeps `all` up to date.
     #[inline]
