@@ -141,3 +141,54 @@ impl Program {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cudamem_trace::{Action, DeviceTrace, TraceEvent};
+
+    use super::*;
+
+    fn ev(action: Action, addr: u64) -> TraceEvent {
+        TraceEvent {
+            action,
+            addr,
+            size: 512,
+            stream: 0,
+            time_us: 0,
+            stack: None,
+        }
+    }
+
+    fn slot_of(op: &Op) -> u32 {
+        match *op {
+            Op::Malloc { slot, .. } | Op::Free { slot, .. } => slot,
+            _ => panic!("not a malloc or free: {op:?}"),
+        }
+    }
+
+    #[test]
+    fn a_freed_slot_is_reused_and_slots_count_the_most_live() {
+        use Action::{Alloc, FreeCompleted as Done, FreeRequested as Free};
+        let events = [
+            ev(Alloc, 0x1000),
+            ev(Alloc, 0x2000),
+            ev(Free, 0x1000),
+            ev(Done, 0x1000),
+            ev(Alloc, 0x3000), // takes 0x1000's slot
+            ev(Alloc, 0x4000), // a new slot: two are live
+            // 0x2000 allocated again without a free: its first slot stays occupied.
+            ev(Alloc, 0x2000),
+            ev(Free, 0x2000),
+            ev(Done, 0x2000),
+        ];
+        let p = Program::compile(&DeviceTrace {
+            device: 0,
+            events: events.to_vec(),
+        });
+        let slots: Vec<u32> = p.ops.iter().map(slot_of).collect();
+        // Ops: malloc a, malloc b, free a, malloc c, malloc d, malloc b', free b'.
+        assert_eq!(slots, vec![0, 1, 0, 0, 2, 3, 3]);
+        assert_eq!(p.slots, 4, "never more than four slots held at once");
+        assert_eq!(p.trace_ops, 7);
+    }
+}
