@@ -53,7 +53,7 @@ pub struct SegmentId(pub u32);
 
 /// Index of a pool (a policy decides how many there are and what goes where).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PoolId(pub u8);
+pub struct PoolId(pub u16);
 
 /// One block. See the [module documentation](self).
 #[derive(Clone, Debug)]

@@ -35,6 +35,9 @@ use crate::policy::{Dispatch, Policy};
 use crate::segment::{Backing, Segment, SegmentTable};
 use crate::stats::{Array, DeviceStats, NoSink, StatSink, OVERSIZE_ALLOCATIONS, OVERSIZE_SEGMENTS};
 
+mod private_pools;
+pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
+
 /// Requests of this size or more are refused outright, as PyTorch does.
 pub const ONE_EXABYTE: u64 = 1 << 60;
 
@@ -97,6 +100,8 @@ pub struct Engine<S: StatSink = NoSink> {
     /// [`Engine::stat_down`] or [`Engine::stat_change`], or tells it beside the oversize
     /// counters' changes.
     pub(crate) sink: S,
+    /// CUDA-graph and `MemPool` pools (see [`private_pools`]).
+    pub(crate) private: private_pools::PrivatePools,
 }
 
 /// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
@@ -117,7 +122,8 @@ const fn pool_value_index(a: Array, small: bool) -> usize {
 impl<S: StatSink> Engine<S> {
     /// An empty allocator for `device`.
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
-        let pools = policy.pools().iter().map(|p| Pool::new(p.is_small)).collect();
+        let pools: Vec<Pool> = policy.pools().iter().map(|p| Pool::new(p.is_small)).collect();
+        let private = private_pools::PrivatePools::new(pools.len());
         let mut e = Engine {
             stats: DeviceStats::new(config.max_split_size),
             device,
@@ -135,6 +141,7 @@ impl<S: StatSink> Engine<S> {
             current_stack: None,
             reclaim_watermark: 0,
             sink: S::default(),
+            private,
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;
@@ -245,11 +252,25 @@ impl<S: StatSink> Engine<S> {
     /// (release every cached block of the device, retry) is left to the caller, who owns the
     /// other streams' caches ([`crate::sharded`]): it then gets `NeedsDeviceRelease` and calls
     /// [`Engine::malloc_last_resort`] once it has released them.
+    #[inline(always)]
     pub(crate) fn try_malloc(
         &mut self,
         orig_size: u64,
         stream: StreamId,
         defer_last_resort: bool,
+    ) -> Result<Attempt, AllocError> {
+        self.try_malloc_in(orig_size, stream, defer_last_resort, 0)
+    }
+
+    /// `try_malloc` from the pools the policy names, shifted by `pool_offset` (0 for the
+    /// default pools, a private pool's first engine pool otherwise).
+    #[inline(always)]
+    fn try_malloc_in(
+        &mut self,
+        orig_size: u64,
+        stream: StreamId,
+        defer_last_resort: bool,
+        pool_offset: u16,
     ) -> Result<Attempt, AllocError> {
         if orig_size == 0 {
             return Ok(Attempt::Done(0));
@@ -257,11 +278,13 @@ impl<S: StatSink> Engine<S> {
         if orig_size >= ONE_EXABYTE {
             return Err(self.out_of_memory_error(orig_size, orig_size, true));
         }
-        if !self.events.is_empty() {
-            // The check inlined, the work out of line: almost always nothing waits.
+        if !self.events.is_empty() && self.private.active == 0 {
+            // The check inlined, the work out of line: almost always nothing waits. Never
+            // while allocating to a private pool: querying an event recorded on a capturing
+            // stream invalidates the capture.
             self.process_events();
         }
-        let mut req = self.request(orig_size, stream);
+        let mut req = self.request_in(orig_size, stream, pool_offset);
         let mut block = self.get_free_block(&req);
         if block.is_none() {
             req = self.with_alloc_size(req);
@@ -279,7 +302,7 @@ impl<S: StatSink> Engine<S> {
     /// The last step of the ladder for a deferred `try_malloc`: release this engine's cached
     /// blocks and retry (the caller released the other engines' first).
     pub(crate) fn malloc_last_resort(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
-        let req = self.with_alloc_size(self.request(orig_size, stream));
+        let req = self.with_alloc_size(self.request_in(orig_size, stream, 0));
         self.release_cached_blocks()?;
         match self.alloc_block(&req, true)? {
             Some(block) => Ok(self.hand_out(block, &req, orig_size)),
@@ -288,8 +311,9 @@ impl<S: StatSink> Engine<S> {
     }
 
     #[inline]
-    fn request(&self, orig_size: u64, stream: StreamId) -> Request {
+    fn request_in(&self, orig_size: u64, stream: StreamId, pool_offset: u16) -> Request {
         let (size, pool) = self.policy.place(&self.config, orig_size);
+        let pool = PoolId(pool.0 + pool_offset);
         Request {
             size,
             stream,
@@ -323,6 +347,10 @@ impl<S: StatSink> Engine<S> {
         }
         if let Some(b) = self.alloc_block(req, false)? {
             return Ok(Some(b));
+        }
+        if self.private.active > 0 {
+            // Releasing memory synchronises, which a capture forbids: out of memory.
+            return Ok(None);
         }
         if self.release_available_cached_blocks(req)? {
             if let Some(b) = self.alloc_block(req, false)? {
@@ -429,7 +457,11 @@ impl<S: StatSink> Engine<S> {
                 return Ok(None);
             }
         }
-        if let Some(page_size) = self.policy.expandable_page_size(&self.config, req.pool) {
+        let page_size = match self.private.is_private(req.pool) {
+            false => self.policy.expandable_page_size(&self.config, req.pool),
+            true => None, // private pools take whole segments, as PyTorch's do
+        };
+        if let Some(page_size) = page_size {
             if self.policy.get().reclaim_before_growth() {
                 let need = req.size.div_ceil(page_size) * page_size;
                 self.reclaim_free_pages(req.pool, need)?;
@@ -452,6 +484,7 @@ impl<S: StatSink> Engine<S> {
             stack: self.current_stack,
             oversize: size >= self.config.max_split_size,
         });
+        self.private.count_segment(req.pool, true);
         let id = self
             .blocks
             .insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
@@ -823,6 +856,10 @@ impl<S: StatSink> Engine<S> {
         }
         if self.blocks[id].stream_uses.is_none() {
             self.free_block_of(id, small);
+        } else if self.private.active > 0 {
+            // No event may be recorded during a capture: the block waits, unreused, until the
+            // last capture or pool context ends (see `private_pools`).
+            self.private.deferred.push(id);
         } else {
             self.insert_events(id);
         }
@@ -1036,13 +1073,21 @@ impl<S: StatSink> Engine<S> {
         self.release_cached_blocks()
     }
 
+    /// Releases the default pools' cached memory and that of private pools nobody uses; a
+    /// private pool in use keeps its cache (a CUDA graph replays into it).
     fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.refuse_release_while_allocating_to_pool()?;
         self.synchronize_and_free_events()?;
         // PyTorch releases the large pool first, then the small one.
-        let mut order: Vec<usize> = (0..self.pools.len()).collect();
+        let mut order: Vec<usize> = (0..self.pools.len())
+            .filter(|&i| !self.private.is_private(PoolId(i as u16)))
+            .collect();
         order.sort_by_key(|&i| self.pools[i].is_small);
         for p in order {
-            self.release_blocks(PoolId(p as u8))?;
+            self.release_blocks(PoolId(p as u16))?;
+        }
+        for s in self.freeable_pools() {
+            self.release_private_pool(s)?;
         }
         Ok(())
     }
@@ -1099,6 +1144,7 @@ impl<S: StatSink> Engine<S> {
         self.remove_free(id);
         self.blocks.remove(id);
         self.segments.remove(seg);
+        self.private.count_segment(pool, false);
         Ok(())
     }
 
@@ -1154,7 +1200,9 @@ impl<S: StatSink> Engine<S> {
             return Ok(());
         }
         let target = self.total_allocated_memory - threshold;
-        let large: Vec<usize> = (0..self.pools.len()).filter(|&i| !self.pools[i].is_small).collect();
+        let large: Vec<usize> = (0..self.pools.len())
+            .filter(|&i| !self.pools[i].is_small && !self.private.is_private(PoolId(i as u16)))
+            .collect();
         let age = |e: &Engine<S>, id: BlockId| {
             let b = &e.blocks[id];
             e.pools[b.pool.0 as usize].get_free_blocks_call_count - b.gc_count_base
