@@ -109,7 +109,7 @@ impl From<RegistryError> for CError {
     }
 }
 
-fn alloc_error(e: &AllocError) -> CError {
+pub fn alloc_error(e: &AllocError) -> CError {
     let kind = match e {
         AllocError::OutOfMemory(_) => ERR_OOM,
         AllocError::Device(_) => ERR_DEVICE,
@@ -139,7 +139,7 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CError>) -> Result<T, CE
     }
 }
 
-fn set_last_error(kind: c_int, message: &str) {
+pub fn set_last_error(kind: c_int, message: &str) {
     let _ = LAST_ERROR.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             l.0 = kind;
@@ -200,7 +200,7 @@ pub enum StackSource {
 /// (as it passes through PyTorch's own allocator); `catch_unwind` would stop it and abort the
 /// process ("FATAL: exception not rethrown"). The C entry points that get here are therefore
 /// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
-fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
+pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
     match stack {
         StackSource::Gather if history::stack_mode(device) >= mode => history::gather_python_frames(),
         StackSource::Gather => None,

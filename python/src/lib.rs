@@ -34,6 +34,7 @@
 
 pub mod ffi;
 pub mod history;
+pub mod native;
 pub mod registry;
 mod reports;
 

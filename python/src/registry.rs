@@ -40,12 +40,16 @@ static CREATE: Mutex<()> = Mutex::new(());
 static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
     policy: None,
     config: None,
+    runtime: Vec::new(),
 });
 
 #[derive(Clone, Debug)]
 struct Overrides {
     policy: Option<String>,
     config: Option<String>,
+    /// Settings changed at run time ([`set_settings_everywhere`]), applied in order over the
+    /// configuration of allocators created later.
+    runtime: Vec<String>,
 }
 
 /// Why the registry could not produce an allocator.
@@ -169,6 +173,27 @@ pub fn configure(policy: Option<&str>, config: Option<&str>) -> Result<(), Regis
     Ok(())
 }
 
+/// Applies `settings` (a `PYTORCH_CUDA_ALLOC_CONF`-style string) at run time to every
+/// allocator, existing and to come (torch's `_set_allocator_settings`). Validated first: a bad
+/// string changes nothing.
+pub fn set_settings_everywhere(settings: &str) -> Result<(), RegistryError> {
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut check = effective_settings()?.0;
+    check
+        .apply(settings)
+        .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    refuse_sharded(&check)?;
+    for (_, a) in existing() {
+        a.set_settings(settings)?;
+    }
+    OVERRIDES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .runtime
+        .push(settings.to_string());
+    Ok(())
+}
+
 fn check_policy(name: &str) -> Result<(), RegistryError> {
     let mut scratch = AllocatorConfig::default();
     cudamem_alloc::policy::by_name(name, &mut scratch)
@@ -184,6 +209,10 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
         None => AllocatorConfig::from_env(),
     }
     .map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    let mut config = config;
+    for r in &o.runtime {
+        config.apply(r).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    }
     refuse_sharded(&config)?;
     let (policy, from_env) = match o.policy {
         Some(p) => (p, false),

@@ -1250,7 +1250,50 @@ impl<S: StatSink> Engine<S> {
         }
         let (_, total) = self.device.mem_get_info()?;
         self.allowed_memory_maximum = Some((fraction * total as f64) as u64);
+        self.config.per_process_memory_fraction = fraction;
         Ok(())
+    }
+
+    /// The memory fraction in force (1 when none was set).
+    pub fn memory_fraction(&self) -> f64 {
+        match self.allowed_memory_maximum {
+            Some(_) => self.config.per_process_memory_fraction,
+            None => 1.0,
+        }
+    }
+
+    /// The block size of allocation `ptr`, if it is one.
+    #[inline]
+    pub fn allocation_size(&self, ptr: u64) -> Option<u64> {
+        let id = self.allocated.get(ptr, |id| self.blocks[id].addr == ptr)?;
+        Some(self.blocks[id].size)
+    }
+
+    /// `allocated_bytes` and `reserved_bytes` of all pools, now (what PyTorch reports to its
+    /// profiler with every allocation and free).
+    pub fn allocated_and_reserved(&self) -> (u64, u64) {
+        let s = &self.stats;
+        let sum = |a: &crate::stats::StatArray| (a.small_pool().current + a.large_pool().current) as u64;
+        (sum(&s.allocated_bytes), sum(&s.reserved_bytes))
+    }
+
+    /// The segment holding `ptr` (address, size), if it is a whole device segment: the base
+    /// allocation PyTorch shares between processes. `Err` for memory of an expandable segment.
+    pub fn base_allocation(&self, ptr: u64) -> Result<Option<(u64, u64)>, AllocError> {
+        let Some((_, seg)) = self
+            .segments
+            .iter()
+            .find(|(_, g)| g.base <= ptr && ptr < g.base + g.size)
+        else {
+            return Ok(None);
+        };
+        if seg.is_expandable() {
+            return Err(AllocError::InvalidArgument(format!(
+                "{ptr:#x} lies in an expandable segment, which has no base allocation to share between \
+                 processes; allocate tensors to be shared with expandable_segments:False"
+            )));
+        }
+        Ok(Some((seg.base, seg.size)))
     }
 
     /// The statistics.

@@ -1,0 +1,552 @@
+// cudamem as torch's CUDA allocator: a c10::cuda::CUDACachingAllocator::CUDAAllocator.
+//
+// Why a class and not CUDAPluggableAllocator: the pluggable interface carries two functions
+// (alloc, free); torch's CUDA graphs, MemPool, torch.compile's CUDA-graph trees, cuDNN
+// autotuning, the profiler's memory view and every C++ caller of getDeviceStats need the
+// rest of the interface. This file implements it by calling the Rust engine through the
+// function table of python/src/native.rs (`NativeApi`, versioned: the Python side passes its
+// address to cudamem_native_install, which checks version and size before using it).
+//
+// What lives here and not in Rust, and why:
+// * PyTorch's stream filters (std::function) of beginAllocateToPool: each allocation asks
+//   them which private pool it goes to, and passes that pool's slot to Rust.
+// * Exceptions: a failed call leaves its message as the Rust thread's last error; this file
+//   throws c10::OutOfMemoryError (-> torch.OutOfMemoryError) or c10::Error with it.
+// * The profiler: every allocation and free is reported with
+//   c10::reportMemoryUsageToProfiler (only while memory profiling is on), as torch's own
+//   allocator does, so profile_memory=True shows per-operator memory.
+// * OOM observers, which run before the exception is thrown, outside cudamem's lock.
+//
+// Built by cudamem.torch (one g++ command against the installed torch's headers and the CUDA
+// runtime headers; see cudamem/torch.py).
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+using c10::MempoolId_t;
+
+constexpr uint32_t kApiVersion = 1;  // native::NATIVE_API_VERSION
+constexpr size_t kStatsLen = 122;    // native::STATS_LEN
+constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
+constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
+
+using PtrSink = void (*)(void*, uint64_t, uint64_t);
+
+// Field for field the Rust struct `native::NativeApi`.
+struct NativeApi {
+  uint32_t version;
+  uint32_t size;
+  void* (*malloc)(int, size_t, void*, int, uint64_t*);
+  int (*free)(void*, uint64_t*);
+  int (*record_stream)(void*, void*);
+  int (*empty_cache)(uint64_t, uint64_t);
+  int (*stats)(int, int64_t*, size_t);
+  void (*reset_peak)(int);
+  void (*reset_accumulated)(int);
+  int (*set_fraction)(int, double);
+  double (*get_fraction)(int);
+  uint64_t (*largest_free)(int);
+  void* (*base_allocation)(void*, uint64_t*);
+  int (*pool_create)(int, uint64_t, uint64_t);
+  int (*pool_begin)(int, uint64_t, uint64_t, int*);
+  int (*pool_end)(int, uint64_t, uint64_t);
+  int (*pool_release)(int, uint64_t, uint64_t);
+  int (*pool_use_count)(int, uint64_t, uint64_t);
+  int (*pool_check_live)(int, uint64_t, uint64_t, const uint64_t*, size_t);
+  int (*pool_set_use_on_oom)(int, uint64_t, uint64_t, int);
+  void* (*checkpoint_get)(int, uint64_t, uint64_t);
+  void (*checkpoint_free)(void*);
+  int (*checkpoint_restore)(int, const void*, void*, PtrSink, PtrSink);
+  int (*set_settings)(const char*);
+  void (*totals)(int, uint64_t*);
+};
+
+const NativeApi* g_api = nullptr;
+using LastErrorFn = int (*)(char*, size_t);
+LastErrorFn g_last_error = nullptr;
+
+std::string last_error_message(int* kind) {
+  char buf[8192];
+  buf[0] = '\0';
+  int k = g_last_error != nullptr ? g_last_error(buf, sizeof buf) : 0;
+  if (kind != nullptr) {
+    *kind = k;
+  }
+  return buf[0] != '\0' ? std::string(buf) : std::string("cudamem: the call failed");
+}
+
+// Throws the Rust side's last error unless `kind` is 0.
+void check(int kind) {
+  if (kind == 0) {
+    return;
+  }
+  std::string msg = last_error_message(nullptr);
+  if (kind == kErrOutOfMemory) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+  }
+  TORCH_CHECK(false, msg);
+}
+
+c10::Device cuda_device(int device) {
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+}
+
+// The deleter of every DataPtr cudamem hands out (and raw_deleter()).
+void raw_free(void* ptr) {
+  if (ptr == nullptr) {
+    return;
+  }
+  const bool profiling = c10::memoryProfilingEnabled();
+  uint64_t info[4] = {profiling ? 1u : 0u, 0, 0, 0};
+  int kind = g_api->free(ptr, info);
+  if (kind != 0) {
+    // A deleter cannot throw (torch calls it from destructors): say it, as torch does for
+    // its own invariant failures, and go on.
+    std::string msg = last_error_message(nullptr);
+    std::fprintf(stderr, "cudamem: free failed: %s\n", msg.c_str());
+    return;
+  }
+  if (profiling) {
+    c10::reportMemoryUsageToProfiler(
+        ptr, -static_cast<int64_t>(info[0]), info[1], info[2], cuda_device(static_cast<int>(info[3])));
+  }
+}
+
+// A private pool's checkpoint (torch.compile's CUDA-graph trees): owns the Rust object.
+struct CudamemPoolState : CCA::AllocatorState {
+  explicit CudamemPoolState(void* h, int d) : handle(h), device(d) {}
+  ~CudamemPoolState() override { g_api->checkpoint_free(handle); }
+  void* handle;
+  int device;
+};
+
+struct RestoreSink {
+  CCA::CheckpointDelta delta;
+  int device;
+};
+
+void on_freed(void* ctx, uint64_t ptr, uint64_t) {
+  static_cast<RestoreSink*>(ctx)->delta.ptrs_freed.push_back(reinterpret_cast<void*>(ptr));
+}
+
+void on_allocated(void* ctx, uint64_t ptr, uint64_t) {
+  auto* s = static_cast<RestoreSink*>(ctx);
+  void* p = reinterpret_cast<void*>(ptr);
+  s->delta.dataptrs_allocd.emplace_back(p, p, &raw_free, cuda_device(s->device));
+}
+
+class CudamemAllocator final : public CCA::CUDAAllocator {
+ public:
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    void* p = nullptr;
+    if (size != 0) {
+      p = malloc(device, size, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    return {p, p, &raw_free, cuda_device(device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  bool initialized() override { return initialized_.load(); }
+
+  void init(int device_count) override {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<int>(captures_.size()) < device_count) {
+      captures_.resize(device_count);
+    }
+    initialized_.store(true);
+  }
+
+  void* raw_alloc(size_t nbytes) override {
+    if (nbytes == 0) {
+      return nullptr;
+    }
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    if (nbytes == 0) {
+      return nullptr;
+    }
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return malloc(device, nbytes, stream);
+  }
+
+  void raw_delete(void* ptr) override { raw_free(ptr); }
+
+  void emptyCache(MempoolId_t mempool_id) override { check(g_api->empty_cache(mempool_id.first, mempool_id.second)); }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    // Empty tensors and memory that is not cudamem's (from_blob) have nothing to record.
+    if (ptr.get() == nullptr || ptr.get_deleter() != &raw_free) {
+      return;
+    }
+    check(g_api->record_stream(ptr.get(), stream.stream()));
+  }
+
+  CCA::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    int64_t v[kStatsLen];
+    check(g_api->stats(device, v, kStatsLen));
+    CCA::DeviceStats s;
+    size_t i = 0;
+    auto stat = [&](c10::CachingAllocator::Stat& st) {
+      st.current = v[i++];
+      st.peak = v[i++];
+      st.allocated = v[i++];
+      st.freed = v[i++];
+    };
+    for (auto* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+      for (auto& st : *a) {
+        stat(st);
+      }
+    }
+    s.num_alloc_retries = v[i++];
+    s.num_ooms = v[i++];
+    stat(s.oversize_allocations);
+    stat(s.oversize_segments);
+    s.num_sync_all_streams = v[i++];
+    s.num_device_alloc = v[i++];
+    s.num_device_free = v[i++];
+    s.max_split_size = v[i++];
+    return s;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override { g_api->reset_accumulated(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { g_api->reset_peak(device); }
+
+  double getMemoryFraction(c10::DeviceIndex device) override { return g_api->get_fraction(device); }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    check(g_api->set_fraction(device, fraction));
+  }
+
+  std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+
+  void enable(bool value) override { enabled_.store(value); }
+  bool isEnabled() const override { return enabled_.load(); }
+
+  // As torch's: a zero *largestBlock asks for an optimistic first guess (the device's free
+  // memory); then the largest cached free block, if larger.
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    if (*largestBlock == 0) {
+      c10::cuda::CUDAGuard guard(device);
+      size_t total = 0;
+      C10_CUDA_CHECK(cudaMemGetInfo(largestBlock, &total));
+    }
+    size_t cached = static_cast<size_t>(g_api->largest_free(device));
+    if (cached > *largestBlock) {
+      *largestBlock = cached;
+    }
+  }
+
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    uint64_t s = 0;
+    void* base = g_api->base_allocation(ptr, &s);
+    if (base == nullptr) {
+      check(2);
+    }
+    *size = static_cast<size_t>(s);
+    return base;
+  }
+
+  CCA::SnapshotInfo snapshot(MempoolId_t, bool) override {
+    TORCH_CHECK(
+        false,
+        "cudamem: snapshots are taken by torch.cuda.memory._snapshot() and cudamem.snapshot(), "
+        "which cudamem.torch.install() routes to cudamem; the C++ snapshot() is not available");
+  }
+
+  void beginAllocateToPool(
+      c10::DeviceIndex device,
+      MempoolId_t mempool_id,
+      std::function<bool(cudaStream_t)> filter) override {
+    int slot = -1;
+    check(g_api->pool_begin(device, mempool_id.first, mempool_id.second, &slot));
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<size_t>(device) >= captures_.size()) {
+      captures_.resize(device + 1);
+    }
+    captures_[device].push_back(Capture{mempool_id, std::move(filter), slot});
+    n_captures_.fetch_add(1);
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(g_api->pool_end(device, mempool_id.first, mempool_id.second));
+    std::lock_guard<std::mutex> g(mutex_);
+    auto& v = captures_.at(device);
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it->id == mempool_id) {
+        v.erase(it);
+        n_captures_.fetch_sub(1);
+        return;
+      }
+    }
+  }
+
+  void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(g_api->pool_release(device, mempool_id.first, mempool_id.second));
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    return g_api->pool_use_count(device, mempool_id.first, mempool_id.second);
+  }
+
+  void createOrIncrefPool(
+      c10::DeviceIndex device,
+      MempoolId_t mempool_id,
+      std::shared_ptr<CCA::CUDAAllocator> allocator) override {
+    TORCH_CHECK(
+        allocator == nullptr,
+        "cudamem: a torch.cuda.MemPool with an allocator of its own is not supported while cudamem is "
+        "torch's allocator; create the MemPool without one");
+    check(g_api->pool_create(device, mempool_id.first, mempool_id.second));
+  }
+
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    check(g_api->pool_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0));
+  }
+
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device,
+      MempoolId_t mempool_id,
+      const std::unordered_set<void*>& expected_live_allocations) override {
+    std::vector<uint64_t> ptrs;
+    ptrs.reserve(expected_live_allocations.size());
+    for (void* p : expected_live_allocations) {
+      ptrs.push_back(reinterpret_cast<uint64_t>(p));
+    }
+    int r = g_api->pool_check_live(device, mempool_id.first, mempool_id.second, ptrs.data(), ptrs.size());
+    if (r < 0) {
+      check(-r);
+    }
+    return r == 1;
+  }
+
+  CCA::ShareableHandle shareIpcHandle(void*) override {
+    TORCH_CHECK(
+        false,
+        "cudamem: sending CUDA tensors to another process (CUDA IPC, torch.multiprocessing) is not "
+        "supported yet; send CPU tensors, or run without cudamem.torch.install() in that process");
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    TORCH_CHECK(false, "cudamem: receiving CUDA tensors from another process (CUDA IPC) is not supported yet");
+  }
+
+  bool isHistoryEnabled() override { return false; }
+
+  void recordHistory(
+      bool enabled,
+      CCA::CreateContextFn,
+      size_t,
+      CCA::RecordContext,
+      bool,
+      const std::vector<std::string>&) override {
+    TORCH_CHECK(
+        !enabled,
+        "cudamem: record the memory history with torch.cuda.memory._record_memory_history() or "
+        "cudamem.record_memory_history(), which cudamem serves; the C++ recordHistory is not available");
+  }
+
+  void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> g(mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override {
+    std::lock_guard<std::mutex> g(mutex_);
+    trace_trackers_.push_back(std::move(tracker));
+  }
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+    } else {
+      C10_CUDA_CHECK(err);
+    }
+  }
+
+  // cudamem maps most memory with the VMM API: across devices without peer access only the
+  // peer copy is correct for it.
+  cudaError_t memcpyAsync(
+      void* dst,
+      int dstDevice,
+      const void* src,
+      int srcDevice,
+      size_t count,
+      cudaStream_t stream,
+      bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
+  std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
+    void* h = g_api->checkpoint_get(device, id.first, id.second);
+    if (h == nullptr) {
+      check(2);
+    }
+    return std::make_shared<CudamemPoolState>(h, device);
+  }
+
+  CCA::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device,
+      std::shared_ptr<CCA::AllocatorState> pps) override {
+    auto* state = dynamic_cast<CudamemPoolState*>(pps.get());
+    TORCH_CHECK(state != nullptr, "cudamem: the checkpoint was not made by cudamem");
+    RestoreSink sink{{}, device};
+    check(g_api->checkpoint_restore(device, state->handle, &sink, &on_freed, &on_allocated));
+    return std::move(sink.delta);
+  }
+
+  std::string name() override { return "cudamem"; }
+
+ private:
+  struct Capture {
+    MempoolId_t id;
+    std::function<bool(cudaStream_t)> filter;
+    int slot;
+  };
+
+  // The private pool that an allocation on `stream` goes to (its slot), or -1.
+  int slot_for(int device, cudaStream_t stream) {
+    if (n_captures_.load(std::memory_order_relaxed) == 0) {
+      return -1;
+    }
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<size_t>(device) >= captures_.size()) {
+      return -1;
+    }
+    for (auto& c : captures_[device]) {
+      if (c.filter(stream)) {
+        return c.slot;
+      }
+    }
+    return -1;
+  }
+
+  void* malloc(int device, size_t size, cudaStream_t stream) {
+    const bool profiling = c10::memoryProfilingEnabled();
+    uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
+    void* p = g_api->malloc(device, size, stream, slot_for(device, stream), info);
+    if (p == nullptr) {
+      int kind = 0;
+      std::string msg = last_error_message(&kind);
+      if (kind == kErrOutOfMemory) {
+        out_of_memory(device, size);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+      }
+      TORCH_CHECK(false, msg);
+    }
+    if (profiling) {
+      c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(info[0]), info[1], info[2], cuda_device(device));
+    }
+    return p;
+  }
+
+  void out_of_memory(int device, size_t size) {
+    uint64_t t[2] = {0, 0};
+    g_api->totals(device, t);
+    c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), t[0], t[1], cuda_device(device));
+    std::vector<CCA::OutOfMemoryObserver> observers;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      observers = oom_observers_;
+    }
+    if (observers.empty()) {
+      return;
+    }
+    size_t free_bytes = 0, total = 0;
+    {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+    }
+    for (auto& o : observers) {
+      o(device, static_cast<size_t>(t[0]), total, free_bytes);
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<std::vector<Capture>> captures_;
+  std::atomic<int> n_captures_{0};
+  std::vector<CCA::OutOfMemoryObserver> oom_observers_;
+  std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> enabled_{true};
+};
+
+void write_message(const std::string& s, char* buf, size_t len) {
+  if (buf == nullptr || len == 0) {
+    return;
+  }
+  size_t n = s.size() < len - 1 ? s.size() : len - 1;
+  std::memcpy(buf, s.data(), n);
+  buf[n] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+// Makes cudamem torch's CUDA allocator. Returns 0, or 1 with the reason in `msg` (torch's
+// allocator is initialised already, ...), or 2 when the function table does not match.
+int cudamem_native_install(const void* api, void* last_error, char* msg, size_t len) {
+  try {
+    auto* a = static_cast<const NativeApi*>(api);
+    if (a == nullptr || a->version != kApiVersion || a->size != sizeof(NativeApi)) {
+      write_message(
+          "cudamem: the native allocator library does not match the cudamem extension (rebuild it: "
+          "remove the cached torch_native-*.so)",
+          msg,
+          len);
+      return 2;
+    }
+    g_api = a;
+    g_last_error = reinterpret_cast<LastErrorFn>(last_error);
+    static std::shared_ptr<CudamemAllocator> allocator = std::make_shared<CudamemAllocator>();
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    // torch.accelerator's calls find the CUDA allocator through c10's registry.
+    c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/UINT8_MAX);
+    return 0;
+  } catch (const std::exception& e) {
+    write_message(e.what(), msg, len);
+    return 1;
+  }
+}
+
+// The version of this file's interface to cudamem.torch.
+int cudamem_native_version() { return kShimVersion; }
+
+}  // extern "C"

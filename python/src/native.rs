@@ -1,0 +1,490 @@
+//! # The C ABI of the native torch allocator
+//!
+//! `cudamem/_shim/native_allocator.cpp` is a `c10::cuda::CUDACachingAllocator::CUDAAllocator`
+//! that `cudamem.torch.install()` compiles against the installed torch and makes torch's CUDA
+//! allocator. It reaches the allocators of [`crate::registry`] only through the table of
+//! [`NativeApi`], whose address `cudamem_native_api()` returns and the Python side passes to
+//! the C++ library's `cudamem_native_install`. The table is versioned ([`NATIVE_API_VERSION`],
+//! checked by the C++ side together with its size), so a library built for another version
+//! is refused instead of called wrongly.
+//!
+//! Rules, as for [`crate::ffi`]: no panic crosses the boundary (each body runs in
+//! `catch_unwind`); a failure returns an error kind (`ffi::ERR_*`, 0 for success) and leaves
+//! its message as the thread's last error (`cudamem_last_error`), which the C++ side turns
+//! into `c10::OutOfMemoryError` or `c10::Error`. Pool ids are PyTorch's `MempoolId_t` halves.
+//! A private pool's slot is what `pool_begin` returns; the C++ side, which owns PyTorch's
+//! stream filters, passes it with every allocation the filter sends to that pool (−1: none).
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_double, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cudamem_alloc::engine::{PoolCheckpoint, PoolSlot};
+use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats};
+use cudamem_device::StreamId;
+
+use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
+use crate::history;
+use crate::registry;
+
+/// The version of [`NativeApi`]; the C++ side checks it.
+pub const NATIVE_API_VERSION: u32 = 1;
+
+/// The number of values `stats` writes: c10's `DeviceStats`, in its order.
+pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
+
+/// `(ctx, address, size)`: how a checkpoint restore reports each pointer.
+pub type PtrSink = unsafe extern "C" fn(*mut c_void, u64, u64);
+
+/// The functions the C++ allocator calls. Field order is the C++ struct's order.
+#[repr(C)]
+pub struct NativeApi {
+    pub version: u32,
+    pub size: u32,
+    /// `(device, size, stream, slot, info[3]) -> ptr`; info: block size, then allocated and
+    /// reserved bytes when `info[0]` was nonzero on entry (the profiler wants them).
+    pub malloc: unsafe extern "C-unwind" fn(c_int, usize, *mut c_void, c_int, *mut u64) -> *mut c_void,
+    /// `(ptr, info[4]) -> kind`; info as for `malloc` (block size freed), then the device.
+    pub free: unsafe extern "C-unwind" fn(*mut c_void, *mut u64) -> c_int,
+    pub record_stream: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    /// `(pool_a, pool_b) -> kind`: (0, 0) empties every device's default pools.
+    pub empty_cache: extern "C" fn(u64, u64) -> c_int,
+    /// `(device, out, len) -> kind`: [`STATS_LEN`] values.
+    pub stats: unsafe extern "C" fn(c_int, *mut i64, usize) -> c_int,
+    pub reset_peak: extern "C" fn(c_int),
+    pub reset_accumulated: extern "C" fn(c_int),
+    pub set_fraction: extern "C" fn(c_int, c_double) -> c_int,
+    pub get_fraction: extern "C" fn(c_int) -> c_double,
+    pub largest_free: extern "C" fn(c_int) -> u64,
+    /// `(ptr, size_out) -> base`, NULL with an error kind in `size_out`'s place unset.
+    pub base_allocation: unsafe extern "C" fn(*mut c_void, *mut u64) -> *mut c_void,
+    pub pool_create: extern "C" fn(c_int, u64, u64) -> c_int,
+    /// `(device, a, b, slot_out) -> kind`.
+    pub pool_begin: unsafe extern "C" fn(c_int, u64, u64, *mut c_int) -> c_int,
+    pub pool_end: extern "C" fn(c_int, u64, u64) -> c_int,
+    pub pool_release: extern "C" fn(c_int, u64, u64) -> c_int,
+    /// Uses of the pool; 0 for an unknown one (as PyTorch answers).
+    pub pool_use_count: extern "C" fn(c_int, u64, u64) -> c_int,
+    /// `(device, a, b, ptrs, n) -> 1 | 0 | -kind`.
+    pub pool_check_live: unsafe extern "C" fn(c_int, u64, u64, *const u64, usize) -> c_int,
+    pub pool_set_use_on_oom: extern "C" fn(c_int, u64, u64, c_int) -> c_int,
+    /// `(device, a, b) -> checkpoint` (NULL on error); freed with `checkpoint_free`.
+    pub checkpoint_get: extern "C" fn(c_int, u64, u64) -> *mut c_void,
+    pub checkpoint_free: unsafe extern "C" fn(*mut c_void),
+    /// `(device, checkpoint, ctx, on_freed, on_allocated) -> kind`.
+    pub checkpoint_restore: unsafe extern "C" fn(c_int, *const c_void, *mut c_void, PtrSink, PtrSink) -> c_int,
+    /// `(settings) -> kind`: a `PYTORCH_CUDA_ALLOC_CONF`-style string applied to every device.
+    pub set_settings: unsafe extern "C" fn(*const c_char) -> c_int,
+    /// `(device, out[2])`: allocated and reserved bytes.
+    pub totals: unsafe extern "C" fn(c_int, *mut u64),
+}
+
+static API: NativeApi = NativeApi {
+    version: NATIVE_API_VERSION,
+    size: std::mem::size_of::<NativeApi>() as u32,
+    malloc: nat_malloc,
+    free: nat_free,
+    record_stream: nat_record_stream,
+    empty_cache: nat_empty_cache,
+    stats: nat_stats,
+    reset_peak: nat_reset_peak,
+    reset_accumulated: nat_reset_accumulated,
+    set_fraction: nat_set_fraction,
+    get_fraction: nat_get_fraction,
+    largest_free: nat_largest_free,
+    base_allocation: nat_base_allocation,
+    pool_create: nat_pool_create,
+    pool_begin: nat_pool_begin,
+    pool_end: nat_pool_end,
+    pool_release: nat_pool_release,
+    pool_use_count: nat_pool_use_count,
+    pool_check_live: nat_pool_check_live,
+    pool_set_use_on_oom: nat_pool_set_use_on_oom,
+    checkpoint_get: nat_checkpoint_get,
+    checkpoint_free: nat_checkpoint_free,
+    checkpoint_restore: nat_checkpoint_restore,
+    set_settings: nat_set_settings,
+    totals: nat_totals,
+};
+
+/// `const NativeApi* cudamem_native_api(void)`: the table above.
+#[no_mangle]
+pub extern "C" fn cudamem_native_api() -> *const NativeApi {
+    &API
+}
+
+/// Runs `f` under `catch_unwind`; an error or a panic becomes the thread's last error and its
+/// kind is returned.
+fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => Err(ffi::CError {
+            kind: ERR_INTERNAL,
+            message: format!("cudamem: internal error in {what}"),
+        }),
+    };
+    match r {
+        Ok(()) => ERR_NONE,
+        Err(e) => {
+            ffi::set_last_error(e.kind, &e.message);
+            e.kind
+        }
+    }
+}
+
+fn alloc(device: c_int) -> Result<&'static CachingAllocator, ffi::CError> {
+    Ok(registry::get_or_create(device)?)
+}
+
+fn aerr(e: AllocError) -> ffi::CError {
+    ffi::alloc_error(&e)
+}
+
+/// The allocator that handed out `ptr`.
+fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
+    let mut all = registry::existing();
+    let first = all.next()?;
+    let mut rest = all.peekable();
+    if rest.peek().is_none() {
+        return Some(first); // one device: its free says whether the pointer is its own
+    }
+    std::iter::once(first).chain(rest).find(|(_, a)| a.lock().owns(ptr))
+}
+
+unsafe extern "C-unwind" fn nat_malloc(
+    device: c_int,
+    size: usize,
+    stream: *mut c_void,
+    slot: c_int,
+    info: *mut u64,
+) -> *mut c_void {
+    // SAFETY (all of `info` here): the caller passes 3 writable u64.
+    let want_totals = unsafe { *info } != 0;
+    let a = match alloc(device) {
+        Ok(a) => a,
+        Err(e) => {
+            ffi::set_last_error(e.kind, &e.message);
+            return std::ptr::null_mut();
+        }
+    };
+    // Outside catch_unwind and before locking: see ffi::frames_for.
+    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALLOC);
+    let mut out = [0u64; 3];
+    let mut ptr = 0u64;
+    let kind = run("malloc", || {
+        let mut e = a.lock();
+        if let Some(f) = frames {
+            e.set_current_stack(Some(f));
+        }
+        let stream = StreamId(stream as u64);
+        let r = if slot >= 0 {
+            e.malloc_in_pool(size as u64, stream, PoolSlot(slot as u16))
+        } else {
+            e.malloc(size as u64, stream)
+        };
+        e.set_current_stack(None);
+        ptr = r.map_err(aerr)?;
+        out[0] = e.allocation_size(ptr).unwrap_or(0);
+        if want_totals {
+            (out[1], out[2]) = e.allocated_and_reserved();
+        }
+        Ok(())
+    });
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 3) };
+    if kind != ERR_NONE {
+        return std::ptr::null_mut();
+    }
+    ptr as *mut c_void
+}
+
+unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int {
+    // SAFETY (all of `info` here): the caller passes 4 writable u64.
+    let want_totals = unsafe { *info } != 0;
+    let ptr = ptr as u64;
+    let Some((device, a)) = owner_of(ptr) else {
+        ffi::set_last_error(
+            ERR_INVALID,
+            &format!("invalid device pointer: {ptr:#x} (no allocator exists)"),
+        );
+        return ERR_INVALID;
+    };
+    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALL);
+    let mut out = [0u64, 0, 0, device as u64];
+    let kind = run("free", || {
+        let mut e = a.lock();
+        out[0] = e.allocation_size(ptr).unwrap_or(0);
+        if let Some(f) = frames {
+            e.set_current_stack(Some(f));
+        }
+        let r = e.free(ptr);
+        e.set_current_stack(None);
+        r.map_err(aerr)?;
+        if want_totals {
+            (out[1], out[2]) = e.allocated_and_reserved();
+        }
+        Ok(())
+    });
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 4) };
+    kind
+}
+
+extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
+    run("record_stream", || ffi::record_stream_any(ptr as u64, stream as u64))
+}
+
+extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
+    run("empty_cache", || {
+        for (_, a) in registry::existing() {
+            let mut e = a.lock();
+            if (pa, pb) == (0, 0) {
+                e.empty_cache().map_err(aerr)?;
+            } else if e.pool_use_count((pa, pb)).is_some() {
+                e.empty_pool_cache((pa, pb)).map_err(aerr)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// c10's `DeviceStats` as [`STATS_LEN`] values: the nine arrays (aggregate, small, large;
+/// each current, peak, allocated, freed), then `num_alloc_retries`, `num_ooms`,
+/// `oversize_allocations`, `oversize_segments`, `num_sync_all_streams`, `num_device_alloc`,
+/// `num_device_free`, `max_split_size`.
+pub fn flatten_stats(s: &DeviceStats) -> Vec<i64> {
+    let mut v = Vec::with_capacity(STATS_LEN);
+    let arrays = [
+        &s.allocation,
+        &s.segment,
+        &s.active,
+        &s.inactive_split,
+        &s.allocated_bytes,
+        &s.reserved_bytes,
+        &s.active_bytes,
+        &s.inactive_split_bytes,
+        &s.requested_bytes,
+    ];
+    let stat =
+        |v: &mut Vec<i64>, st: &cudamem_alloc::stats::Stat| v.extend([st.current, st.peak, st.allocated, st.freed]);
+    for a in arrays {
+        for st in &a.0 {
+            stat(&mut v, st);
+        }
+    }
+    v.extend([s.num_alloc_retries, s.num_ooms]);
+    stat(&mut v, &s.oversize_allocations);
+    stat(&mut v, &s.oversize_segments);
+    v.extend([
+        s.num_sync_all_streams,
+        s.num_device_alloc,
+        s.num_device_free,
+        s.max_split_size,
+    ]);
+    v
+}
+
+unsafe extern "C" fn nat_stats(device: c_int, out: *mut i64, len: usize) -> c_int {
+    run("stats", || {
+        if len != STATS_LEN {
+            return Err(ffi::CError {
+                kind: ERR_INVALID,
+                message: format!("cudamem: stats wants {STATS_LEN} values, the caller has {len}"),
+            });
+        }
+        registry::slot_index(device)?;
+        // A device nothing was allocated on has zero stats (asking must not open it).
+        let s = registry::get(device).map_or_else(|| DeviceStats::new(u64::MAX), |a| a.stats());
+        let v = flatten_stats(&s);
+        // SAFETY: the caller passes `len` writable i64.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, len) };
+        Ok(())
+    })
+}
+
+extern "C" fn nat_reset_peak(device: c_int) {
+    if let Some(a) = registry::get(device) {
+        a.reset_peak_memory_stats();
+    }
+}
+
+extern "C" fn nat_reset_accumulated(device: c_int) {
+    if let Some(a) = registry::get(device) {
+        a.reset_accumulated_memory_stats();
+    }
+}
+
+extern "C" fn nat_set_fraction(device: c_int, fraction: c_double) -> c_int {
+    run("set_memory_fraction", || {
+        alloc(device)?.set_memory_fraction(fraction).map_err(aerr)
+    })
+}
+
+extern "C" fn nat_get_fraction(device: c_int) -> c_double {
+    registry::get(device).map_or(1.0, |a| a.lock().memory_fraction())
+}
+
+extern "C" fn nat_largest_free(device: c_int) -> u64 {
+    registry::get(device).map_or(0, |a| a.lock().largest_free_block())
+}
+
+unsafe extern "C" fn nat_base_allocation(ptr: *mut c_void, size: *mut u64) -> *mut c_void {
+    let mut base = 0u64;
+    let kind = run("get_base_allocation", || {
+        for (_, a) in registry::existing() {
+            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(aerr)? {
+                base = b;
+                // SAFETY: the caller passes a writable u64.
+                unsafe { *size = s };
+                return Ok(());
+            }
+        }
+        Err(ffi::CError {
+            kind: ERR_INVALID,
+            message: format!("invalid device pointer: {:#x} (not in any cudamem segment)", ptr as u64),
+        })
+    });
+    if kind != ERR_NONE {
+        return std::ptr::null_mut();
+    }
+    base as *mut c_void
+}
+
+extern "C" fn nat_pool_create(device: c_int, a: u64, b: u64) -> c_int {
+    run("create_or_incref_pool", || {
+        alloc(device)?.lock().create_or_incref_pool((a, b)).map_err(aerr)?;
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, slot: *mut c_int) -> c_int {
+    run("begin_allocate_to_pool", || {
+        let s = alloc(device)?.lock().begin_allocate_to_pool((a, b)).map_err(aerr)?;
+        // SAFETY: the caller passes a writable int.
+        unsafe { *slot = s.0 as c_int };
+        Ok(())
+    })
+}
+
+extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
+    run("end_allocate_to_pool", || {
+        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(aerr)
+    })
+}
+
+extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
+    run("release_pool", || {
+        alloc(device)?.lock().release_pool((a, b)).map_err(aerr)
+    })
+}
+
+extern "C" fn nat_pool_use_count(device: c_int, a: u64, b: u64) -> c_int {
+    registry::get(device)
+        .and_then(|al| al.lock().pool_use_count((a, b)))
+        .map_or(0, |n| n as c_int)
+}
+
+unsafe extern "C" fn nat_pool_check_live(device: c_int, a: u64, b: u64, ptrs: *const u64, n: usize) -> c_int {
+    let mut answer = false;
+    let kind = run("check_pool_live_allocations", || {
+        // SAFETY: the caller passes `n` readable u64 (or n == 0).
+        let expected: HashSet<u64> = match n {
+            0 => HashSet::new(),
+            _ => unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().copied().collect(),
+        };
+        answer = alloc(device)?
+            .lock()
+            .check_pool_live_allocations((a, b), &expected)
+            .map_err(aerr)?;
+        Ok(())
+    });
+    match kind {
+        ERR_NONE => answer as c_int,
+        k => -k,
+    }
+}
+
+extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
+    run("set_use_on_oom", || {
+        alloc(device)?.lock().set_use_on_oom((a, b), on != 0).map_err(aerr)
+    })
+}
+
+extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {
+    let mut cp = None;
+    run("get_checkpoint_state", || {
+        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(aerr)?);
+        Ok(())
+    });
+    cp.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)).cast())
+}
+
+unsafe extern "C" fn nat_checkpoint_free(cp: *mut c_void) {
+    if !cp.is_null() {
+        // SAFETY: `cp` came from `nat_checkpoint_get` and is freed once (the C++ owner's
+        // destructor).
+        drop(unsafe { Box::from_raw(cp.cast::<PoolCheckpoint>()) });
+    }
+}
+
+unsafe extern "C" fn nat_checkpoint_restore(
+    device: c_int,
+    cp: *const c_void,
+    ctx: *mut c_void,
+    on_freed: PtrSink,
+    on_allocated: PtrSink,
+) -> c_int {
+    let mut delta = None;
+    let kind = run("set_checkpoint_pool_state", || {
+        // SAFETY: `cp` came from `nat_checkpoint_get` and is alive (the caller owns it).
+        let cp = unsafe { &*cp.cast::<PoolCheckpoint>() };
+        delta = Some(alloc(device)?.lock().restore_pool_checkpoint(cp).map_err(aerr)?);
+        Ok(())
+    });
+    // The callbacks run after the lock is given back (they build torch objects).
+    if let Some(d) = delta {
+        for p in d.freed {
+            // SAFETY: the caller's callbacks take any address.
+            unsafe { on_freed(ctx, p, 0) };
+        }
+        for (p, s) in d.allocated {
+            unsafe { on_allocated(ctx, p, s) };
+        }
+    }
+    kind
+}
+
+unsafe extern "C" fn nat_set_settings(settings: *const c_char) -> c_int {
+    run("set_allocator_settings", || {
+        // SAFETY: the caller passes a NUL-ended string.
+        let s = unsafe { CStr::from_ptr(settings) }.to_string_lossy().into_owned();
+        registry::set_settings_everywhere(&s)?;
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn nat_totals(device: c_int, out: *mut u64) {
+    let (al, re) = registry::get(device).map_or((0, 0), |a| a.lock().allocated_and_reserved());
+    // SAFETY: the caller passes 2 writable u64.
+    unsafe {
+        *out = al;
+        *out.add(1) = re;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flat_stats_have_c10s_length_and_order() {
+        let mut s = DeviceStats::new(u64::MAX);
+        s.allocated_bytes.0[0].current = 7;
+        s.num_ooms = 3;
+        s.max_split_size = -1;
+        let v = flatten_stats(&s);
+        assert_eq!(v.len(), STATS_LEN);
+        assert_eq!(STATS_LEN, 122);
+        assert_eq!(v[4 * 12], 7, "allocated_bytes is the fifth array");
+        assert_eq!(v[108 + 1], 3, "num_ooms follows num_alloc_retries");
+        assert_eq!(v[121], -1, "max_split_size is last");
+    }
+}
