@@ -34,6 +34,12 @@ echo "built $wheel ($(du -h "$wheel" | cut -f1))"
 echo "== installing it"
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 
+echo "== torch and CUDA runtime headers, for the native allocator's compile test"
+if ! bash scripts/torch-headers.sh; then
+    echo "could not fetch them: test_native_compile.py will skip its compile test and say so"
+fi
+export CUDAMEM_TORCH_HEADERS="$PWD/target/torch-headers"
+
 echo "== testing it (CUDAMEM_DEVICE=sim)"
 # Run from the tests folder so that `import cudamem` is the installed wheel, not the source tree.
 cd python/tests

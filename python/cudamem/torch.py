@@ -38,6 +38,13 @@ the installed torch, with torch's ``_GLIBCXX_USE_CXX11_ABI``, and cached in
 name keyed by torch's version, that ABI flag and the shim source's hash. No ninja, no
 setuptools build: one ``g++`` command (shown by :func:`build_shim` on failure).
 
+The cache is trusted only if nobody else could have written to it (:mod:`cudamem._cache`):
+the directory (created with mode 0700) and the library must be owned by the current user and
+not writable by group or others, the library must not be a symlink, and its SHA-256 must match
+the ``.sha256`` file recorded beside it when it was built. A cache that fails the ownership or
+mode checks raises :class:`UntrustedCacheError` from :func:`install` (no fallback: another user
+may have planted the file); a missing or mismatching digest makes it rebuild the shim.
+
 Without a C++ compiler (or with ``CUDAMEM_TORCH_SHIM=0``), :func:`install` warns and plugs in
 the Rust functions directly. Out of memory is then still an exception, not a null tensor:
 ``cudamem_malloc`` calls ``c10::detail::torchCheckFail`` (a plain-C-typed function exported by
@@ -84,9 +91,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import cudamem
-from cudamem import _cudamem
+from cudamem import _cache, _cudamem
+from cudamem._cache import UntrustedCacheError
 
-__all__ = ["install", "is_installed", "install_mode", "build_shim", "shim_source", "ShimBuildError"]
+__all__ = [
+    "install", "is_installed", "install_mode", "build_shim", "shim_source", "ShimBuildError", "UntrustedCacheError",
+]  # fmt: skip
 
 # Bumped whenever the shim's exported interface changes (checked at load time).
 SHIM_ABI_VERSION = 1
@@ -115,21 +125,16 @@ def is_installed() -> bool:
 
 
 def install_mode() -> Optional[str]:
-    """``"shim"`` (out of memory raises ``torch.OutOfMemoryError``), ``"c"`` (the fallback
-    without a C++ compiler: ``RuntimeError``), or None when not installed."""
+    """``"native"`` (cudamem is torch's c10 CUDA allocator: see :mod:`cudamem._torch_native`),
+    ``"shim"`` (through ``CUDAPluggableAllocator``; out of memory raises
+    ``torch.OutOfMemoryError``), ``"c"`` (pluggable without a C++ compiler: ``RuntimeError``),
+    or None when not installed."""
     return _state.get("mode")
 
 
 def shim_source() -> Path:
     """The C++ source of the shim, shipped inside the package."""
     return Path(__file__).resolve().parent / "_shim" / "torch_shim.cpp"
-
-
-def _cache_dir() -> Path:
-    if os.environ.get("CUDAMEM_CACHE_DIR"):
-        return Path(os.environ["CUDAMEM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cudamem"
 
 
 def _compiler() -> Optional[str]:
@@ -155,7 +160,8 @@ def _torch_include_paths(torch: Any) -> List[str]:
 def build_shim(verbose: bool = False) -> str:
     """Compiles the shim for the installed torch (once; then it is read from the cache) and
     returns the path of the shared library. Raises :class:`ShimBuildError` with the command and
-    the compiler's output when that fails."""
+    the compiler's output when that fails, :class:`UntrustedCacheError` when the cache could
+    have been written by another user."""
     import torch
 
     src = shim_source()
@@ -165,16 +171,17 @@ def build_shim(verbose: bool = False) -> str:
         b"\0".join([code, torch.__version__.encode(), str(abi).encode(), str(SHIM_ABI_VERSION).encode()])
     ).hexdigest()[:16]
     tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
-    out = _cache_dir() / f"torch_shim-torch{tag}-{key}.so"
-    if out.exists():
-        return str(out)
+    name = f"torch_shim-torch{tag}-{key}.so"
+    cached = _cache.cached_artifact(name)
+    if cached is not None:
+        return str(cached)
     cxx = _compiler()
     if cxx is None:
         raise ShimBuildError("no C++ compiler found (looked for $CXX, g++, c++)")
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
     includes = [f"-I{p}" for p in _torch_include_paths(torch)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".so.tmp", dir=str(out.parent))
+    out_dir = _cache.ensure_private_dir(_cache.cache_dir())
+    fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=str(out_dir))
     os.close(fd)
     failures = []
     try:
@@ -189,8 +196,8 @@ def build_shim(verbose: bool = False) -> str:
                 print("cudamem: compiling the torch shim:", " ".join(cmd), file=sys.stderr)
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode == 0:
-                os.replace(tmp, out)  # atomic: concurrent processes (ranks) may race here
-                return str(out)
+                # Atomic, with its digest: concurrent processes (ranks) may race here.
+                return str(_cache.store_artifact(Path(tmp), out_dir / name))
             failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
     finally:
         if os.path.exists(tmp):
@@ -232,6 +239,7 @@ def install(
     use_shim: Optional[bool] = None,
     verbose: bool = False,
     record_history: Union[bool, Dict[str, Any]] = False,
+    native: Optional[bool] = None,
 ) -> None:
     """Makes cudamem PyTorch's CUDA allocator for the rest of the process.
 
@@ -249,6 +257,11 @@ def install(
             it, None (default) builds it and falls back with a warning. ``CUDAMEM_TORCH_SHIM=0``
             means False.
         verbose: print the compiler command.
+        native: True requires the native allocator class (raise if it cannot be built), False
+            plugs in through ``CUDAPluggableAllocator`` (no CUDA graphs, ``MemPool``,
+            ``torch.compile(mode="reduce-overhead")``, cuDNN autotuning or profiler memory),
+            None (default) tries the class first and falls back with a warning.
+            ``CUDAMEM_TORCH_NATIVE=0`` means False.
         record_history: start recording the memory history now, on every device:
             ``True`` for :func:`cudamem.record_memory_history`'s defaults (every event, Python
             stacks on allocations and frees), or a dict of its arguments
@@ -288,7 +301,35 @@ def install(
 
         rust_path = cudamem.library_path()
         rust = ctypes.CDLL(rust_path)
-        if use_shim is None and os.environ.get("CUDAMEM_TORCH_SHIM", "1").strip().lower() in ("0", "false", "off", "no"):
+        if native is None and _env_off("CUDAMEM_TORCH_NATIVE"):
+            native = False
+        if native is not False:
+            from cudamem import _torch_native
+
+            try:
+                lib = _torch_native.install_native(rust, verbose=verbose)
+            except _torch_native.NativeBuildError as e:
+                if native:
+                    raise
+                warnings.warn(
+                    "cudamem: the native torch allocator could not be built, so cudamem plugs in "
+                    "through CUDAPluggableAllocator, without CUDA graphs, torch.cuda.MemPool, "
+                    "torch.compile(mode='reduce-overhead'), cuDNN autotuning or the profiler's "
+                    f"memory view. Details: {e}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            except RuntimeError as e:
+                if "initialized" in str(e):
+                    raise RuntimeError(_TOO_LATE) from e
+                raise
+            else:
+                _state.update(mode="native", rust=rust, native=lib)
+                if patch_torch_stats:
+                    _patch_torch_native(torch)
+                _start_history(record_history)
+                return
+        if use_shim is None and _env_off("CUDAMEM_TORCH_SHIM"):
             use_shim = False
         shim = None
         if use_shim is not False:
@@ -331,6 +372,10 @@ def install(
         if patch_torch_stats:
             _patch_torch_stats(torch)
         _start_history(record_history)
+
+
+def _env_off(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "off", "no")
 
 
 def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
@@ -435,6 +480,25 @@ _PATCHED_HISTORY = {
     "_dump_snapshot": _torch_dump_snapshot,
     "memory_snapshot": _torch_memory_snapshot,
 }
+
+
+def _patch_torch_native(torch: Any) -> None:
+    """With the native allocator torch's statistics need no patch; its history and snapshot
+    functions go to cudamem's recorder, and run-time settings reach cudamem as well as torch."""
+    for module in (torch.cuda.memory, torch.cuda):
+        for name, fn in _PATCHED_HISTORY.items():
+            if hasattr(module, name):
+                setattr(module, name, fn)
+    original = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if original is not None and not getattr(original, "_cudamem", False):
+
+        def set_allocator_settings(env: str) -> Any:
+            result = original(env)  # torch's parser first: it rejects what torch rejects
+            _cudamem.set_allocator_settings(env)
+            return result
+
+        set_allocator_settings._cudamem = True  # type: ignore[attr-defined]
+        torch._C._accelerator_setAllocatorSettings = set_allocator_settings
 
 
 def _patch_torch_stats(torch: Any) -> None:

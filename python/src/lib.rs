@@ -317,6 +317,14 @@ fn configure(py: Python<'_>, policy: Option<&str>, config: Option<&str>) -> PyRe
     registry::configure(policy, config).map_err(|e| reg_err(py, e))
 }
 
+/// Applies a `PYTORCH_CUDA_ALLOC_CONF`-style string at run time to every allocator, existing
+/// and to come (torch's `_set_allocator_settings`). A bad string raises ValueError and changes
+/// nothing.
+#[pyfunction]
+fn set_allocator_settings(py: Python<'_>, settings: &str) -> PyResult<()> {
+    registry::set_settings_everywhere(settings).map_err(|e| reg_err(py, e))
+}
+
 /// What cudamem runs on: device kind, policy and configuration for new allocators, and the
 /// allocators that exist (ordinal -> {device, policy, config}).
 #[pyfunction]
@@ -554,6 +562,7 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MODE_THROW", ffi::MODE_THROW)?;
     m.add("MODE_ABORT", ffi::MODE_ABORT)?;
     m.add_function(wrap_pyfunction!(malloc, m)?)?;
+    m.add_function(wrap_pyfunction!(set_allocator_settings, m)?)?;
     m.add_function(wrap_pyfunction!(free, m)?)?;
     m.add_function(wrap_pyfunction!(record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;

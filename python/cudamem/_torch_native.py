@@ -1,0 +1,183 @@
+"""cudamem as torch's native CUDA allocator (a c10 ``CUDAAllocator``), built for the installed torch.
+
+:func:`install_native` compiles ``_shim/native_allocator.cpp`` (once per torch version and
+source; then it comes from the trusted build cache of :mod:`cudamem._cache`), loads it, and
+has it make cudamem torch's CUDA allocator through ``changeCurrentAllocator``. From then on
+torch's own code — ``torch.cuda.memory_stats()``, ``memory_summary()``, CUDA graphs and their
+private pools, ``torch.cuda.MemPool``, ``torch.compile(mode="reduce-overhead")``, cuDNN
+autotuning's ``cacheInfo``, the profiler's memory view, OOM observers — talks to cudamem in
+C++, with nothing patched.
+
+What it needs: a C++ compiler (``$CXX``, else ``g++``), torch's headers (in every torch wheel),
+and the CUDA runtime headers: ``$CUDA_HOME/include`` (or ``$CUDA_PATH``), else the
+``nvidia-cuda-runtime`` and ``nvidia-cuda-crt`` wheels' ``include`` folders that CUDA builds of
+torch install. Torch's allocator interface changes between releases; the class is written
+against torch 2.11 and compiled against whatever torch is installed, so a torch whose interface
+differs fails to compile, and :func:`install_native` raises :class:`NativeBuildError` saying so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any, List, Optional
+
+from cudamem import _cache
+
+# Bumped whenever the C++ side's exported interface changes (checked at load time).
+NATIVE_SHIM_VERSION = 1
+
+# The torch releases the class was compiled and tested against.
+TESTED_TORCH = ("2.11",)
+
+
+class NativeBuildError(RuntimeError):
+    """The native allocator class could not be compiled or loaded for the installed torch."""
+
+
+def native_source() -> Path:
+    """The C++ source of the native allocator class, shipped inside the package."""
+    return Path(__file__).resolve().parent / "_shim" / "native_allocator.cpp"
+
+
+def _site_dirs() -> List[Path]:
+    dirs = [p for p in sys.path if p and os.path.isdir(p)]
+    for key in ("purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p and p not in dirs:
+            dirs.append(p)
+    return [Path(d) for d in dirs]
+
+
+def cuda_include_dirs() -> List[str]:
+    """Folders holding ``cuda_runtime_api.h`` and ``crt/host_config.h``, the CUDA headers that
+    torch's c10/cuda headers include. Raises :class:`NativeBuildError` naming where it looked."""
+    candidates: List[Path] = []
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME  # finds nvcc's toolkit
+
+        if CUDA_HOME:
+            candidates.append(Path(CUDA_HOME) / "include")
+    except Exception:  # cpp_extension needs setuptools; the wheels below need nothing
+        pass
+    for site in _site_dirs():
+        candidates += [Path(p) for p in glob.glob(str(site / "nvidia" / "*" / "include"))]
+    api = [c for c in candidates if (c / "cuda_runtime_api.h").is_file()]
+    crt = [c for c in candidates if (c / "crt" / "host_config.h").is_file()]
+    if not api or not crt:
+        looked = ", ".join(dict.fromkeys(str(c) for c in candidates)) or "nowhere"
+        missing = "cuda_runtime_api.h" if not api else "crt/host_config.h"
+        raise NativeBuildError(
+            f"the CUDA runtime headers were not found ({missing} is missing; looked in: {looked}). "
+            "Set CUDA_HOME to a CUDA toolkit, or `pip install nvidia-cuda-runtime nvidia-cuda-crt` "
+            "for the CUDA version of your torch"
+        )
+    return list(dict.fromkeys(str(c) for c in api + crt))
+
+
+def _torch_include_paths(torch: Any) -> List[str]:
+    root = Path(torch.__file__).resolve().parent / "include"
+    return [str(root), str(root / "torch" / "csrc" / "api" / "include")]
+
+
+def _compiler() -> Optional[str]:
+    import shutil
+
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx) or (cxx if os.path.exists(cxx) else None)
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def build_native(verbose: bool = False) -> str:
+    """Compiles the native allocator class for the installed torch (once; then it comes from
+    the cache) and returns the shared library's path. Raises :class:`NativeBuildError` with the
+    command and the compiler's output when that fails."""
+    import torch
+
+    src = native_source()
+    code = src.read_bytes()
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    key = hashlib.sha256(
+        b"\0".join([code, torch.__version__.encode(), str(abi).encode(), str(NATIVE_SHIM_VERSION).encode()])
+    ).hexdigest()[:16]
+    tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
+    name = f"torch_native-torch{tag}-{key}.so"
+    cached = _cache.cached_artifact(name)
+    if cached is not None:
+        return str(cached)
+    cxx = _compiler()
+    if cxx is None:
+        raise NativeBuildError("no C++ compiler found (looked for $CXX, g++, c++)")
+    includes = [f"-I{p}" for p in _torch_include_paths(torch) + cuda_include_dirs()]
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    out_dir = _cache.ensure_private_dir(_cache.cache_dir())
+    fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=str(out_dir))
+    os.close(fd)
+    failures = []
+    try:
+        for std in ("c++17", "c++20"):
+            cmd = [
+                cxx, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                *includes, str(src), "-o", tmp,
+                f"-L{torch_lib}", "-lc10", "-lc10_cuda", "-ltorch_cuda", "-ltorch_cpu",
+                f"-Wl,-rpath,{torch_lib}",
+            ]  # fmt: skip
+            if verbose:
+                print("cudamem: compiling the native torch allocator:", " ".join(cmd), file=sys.stderr)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode == 0:
+                return str(_cache.store_artifact(Path(tmp), out_dir / name))
+            failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    note = (
+        ""
+        if version in TESTED_TORCH
+        else f" (torch {torch.__version__}'s allocator interface may differ from torch "
+        f"{', '.join(TESTED_TORCH)}'s, which cudamem's class implements)"
+    )
+    raise NativeBuildError(
+        f"compiling cudamem's native torch allocator failed{note}:\n" + "\n\n".join(failures)[-6000:]
+    )
+
+
+def install_native(rust: ctypes.CDLL, verbose: bool = False) -> ctypes.CDLL:
+    """Compiles (or finds) and loads the class and makes it torch's CUDA allocator. Returns
+    the loaded library (keep it alive). Raises :class:`NativeBuildError` if it cannot be built
+    or loaded, and ``RuntimeError`` with torch's reason if torch refuses the swap (its own
+    allocator is initialised already)."""
+    path = build_native(verbose=verbose)
+    try:
+        lib = ctypes.CDLL(path)
+        version = lib.cudamem_native_version()
+    except (OSError, AttributeError) as e:
+        raise NativeBuildError(f"loading the native torch allocator {path} failed: {e}") from e
+    if version != NATIVE_SHIM_VERSION:
+        raise NativeBuildError(f"{path} has interface version {version}, expected {NATIVE_SHIM_VERSION}")
+    rust.cudamem_native_api.restype = ctypes.c_void_p
+    install = lib.cudamem_native_install
+    install.restype = ctypes.c_int
+    install.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    msg = ctypes.create_string_buffer(4096)
+    last_error = ctypes.cast(rust.cudamem_last_error, ctypes.c_void_p).value
+    rc = install(rust.cudamem_native_api(), last_error, msg, len(msg))
+    text = msg.value.decode("utf-8", "replace")
+    if rc == 2:
+        raise NativeBuildError(text)
+    if rc != 0:
+        raise RuntimeError(text)
+    return lib
