@@ -5,9 +5,11 @@ install() uses, against stand-in headers and libc10), cached and loaded; the hoo
 function addresses; torch.cuda's stats functions are replaced; a failure in the alloc function
 reaches the caller as a C++ exception — from the shim, and in the no-compiler fallback from
 c10::detail::torchCheckFail called by the Rust function (a C++ exception unwinding through
-Rust) — never as NULL; install() after CUDA initialisation raises RuntimeError.
+Rust) — never as NULL; install() after CUDA initialisation raises RuntimeError; a shim planted
+in a cache directory others can write to is refused (UntrustedCacheError), not loaded.
 """
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -92,3 +94,28 @@ def test_install_rejects_bad_settings_at_once(fake_torch, tmp_path):
                         "except RuntimeError as e:\n    print('RuntimeError:', e)\n"],
                        capture_output=True, text=True, timeout=120, env={**base, "CUDAMEM_DEVICE": "sim"})
     assert "RuntimeError:" in r.stdout and "simulated" in r.stdout, r.stdout + r.stderr
+
+
+def test_install_refuses_a_planted_shim_in_a_group_writable_cache(fake_torch, tmp_path):
+    _run("check_install.py", fake_torch, tmp_path, "shim")  # builds and caches the shim
+    cache = tmp_path / "cache"
+    (shim,) = cache.glob("torch_shim-*.so")
+    # What another member of the group could do: put their own library under the expected name
+    # (with a matching digest), in a cache they can write to.
+    shim.write_bytes(b"planted")
+    (cache / (shim.name + ".sha256")).write_text(hashlib.sha256(b"planted").hexdigest() + "  " + shim.name + "\n")
+    os.chmod(cache, 0o770)
+    root, _ = fake_torch
+    code = (
+        "import cudamem.torch as ct\n"
+        "try:\n    ct.install()\nexcept ct.UntrustedCacheError as e:\n    print('UntrustedCacheError:', e)\n"
+        "assert not ct.is_installed()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
+    env.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(cache))
+    for extra in ({}, {"CUDAMEM_TORCH_NATIVE": "0"}):  # the default path, and the shim's alone
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**env, **extra}, cwd=str(tmp_path))
+        assert r.returncode == 0 and "UntrustedCacheError:" in r.stdout, r.stdout + r.stderr
+        assert str(cache) in r.stdout and "0770" in r.stdout and "chmod 700" in r.stdout, r.stdout
+    assert shim.read_bytes() == b"planted"  # refused, neither loaded nor overwritten
