@@ -46,8 +46,12 @@ def fake_torch(tmp_path_factory):
 def _run(script, fake_torch, tmp_path, *args, **env):
     root, harness = fake_torch
     full = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}  # install() wants a CUDA device
+    # The stand-in torch has no c10/cuda headers: the pluggable path is what these tests check
+    # (the native class is compiled by test_native_compile.py and run on a GPU).
     full.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"),
-                CUDAMEM_CACHE_DIR=str(tmp_path / "cache"), **env)
+                CUDAMEM_CACHE_DIR=str(tmp_path / "cache"), CUDAMEM_TORCH_NATIVE="0")
+    full.update(env)
+    full = {k: v for k, v in full.items() if v is not None}
     r = subprocess.run([sys.executable, str(root / script), *args, str(harness)], capture_output=True, text=True,
                        env=full, timeout=120, cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
@@ -69,6 +73,13 @@ def test_install_without_a_compiler_falls_back(fake_torch, tmp_path):
     assert "mode c warnings 1" in r.stdout
     r = _run("check_install.py", fake_torch, tmp_path, "c", CUDAMEM_TORCH_SHIM="0")
     assert "mode c warnings 0" in r.stdout
+
+
+def test_install_falls_back_to_the_pluggable_path_when_the_native_class_cannot_be_built(fake_torch, tmp_path):
+    r = _run("check_install.py", fake_torch, tmp_path, "shim", CUDAMEM_TORCH_NATIVE=None)
+    assert "mode shim warnings 1" in r.stdout, r.stdout
+    assert "native torch allocator could not be built" in r.stdout
+    assert "CUDA runtime headers were not found" in r.stdout, "the warning says what is missing"
 
 
 def test_install_after_cuda_init_says_so(fake_torch, tmp_path):

@@ -23,6 +23,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -458,7 +459,16 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   void* malloc(int device, size_t size, cudaStream_t stream) {
     const bool profiling = c10::memoryProfilingEnabled();
     uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
-    void* p = g_api->malloc(device, size, stream, slot_for(device, stream), info);
+    void* p = nullptr;
+    if (n_captures_.load(std::memory_order_relaxed) == 0) {
+      p = g_api->malloc(device, size, stream, -1, info);
+    } else {
+      // While any capture is underway the driver refuses memory calls in the default
+      // (global) capture mode. Allocating during capture is fine as long as the memory is not
+      // freed before replay (a private pool keeps it), so allow it, as torch's allocator does.
+      c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+      p = g_api->malloc(device, size, stream, slot_for(device, stream), info);
+    }
     if (p == nullptr) {
       int kind = 0;
       std::string msg = last_error_message(&kind);

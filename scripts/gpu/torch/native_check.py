@@ -51,7 +51,12 @@ def check(name, group):
             print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
         gc.collect()
-        torch.cuda.synchronize()
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # a poisoned context fails every later check: say so and stop
+            print(f"FAIL {name}: the CUDA context is unusable afterwards: {e}", flush=True)
+            print(f"{sum(r[1] is None for r in results)} passed, {sum(r[1] is not None for r in results) + 1} failed")
+            sys.exit(1)
         return fn
 
     return wrap
