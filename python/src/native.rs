@@ -142,13 +142,10 @@ fn aerr(e: AllocError) -> ffi::CError {
 
 /// The allocator that handed out `ptr`.
 fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
-    let mut all = registry::existing();
-    let first = all.next()?;
-    let mut rest = all.peekable();
-    if rest.peek().is_none() {
-        return Some(first); // one device: its free says whether the pointer is its own
+    if let Some(one) = registry::sole() {
+        return Some(one); // its free says whether the pointer is its own
     }
-    std::iter::once(first).chain(rest).find(|(_, a)| a.lock().owns(ptr))
+    registry::existing().find(|(_, a)| a.lock().owns(ptr))
 }
 
 unsafe extern "C-unwind" fn nat_malloc(
@@ -173,6 +170,7 @@ unsafe extern "C-unwind" fn nat_malloc(
     let mut ptr = 0u64;
     let kind = run("malloc", || {
         let mut e = a.lock();
+        let with_stack = frames.is_some();
         if let Some(f) = frames {
             e.set_current_stack(Some(f));
         }
@@ -182,7 +180,9 @@ unsafe extern "C-unwind" fn nat_malloc(
         } else {
             e.malloc(size as u64, stream)
         };
-        e.set_current_stack(None);
+        if with_stack {
+            e.set_current_stack(None);
+        }
         ptr = r.map_err(aerr)?;
         out[0] = e.allocation_size(ptr).unwrap_or(0);
         if want_totals {
@@ -212,12 +212,17 @@ unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int 
     let mut out = [0u64, 0, 0, device as u64];
     let kind = run("free", || {
         let mut e = a.lock();
-        out[0] = e.allocation_size(ptr).unwrap_or(0);
+        if want_totals {
+            out[0] = e.allocation_size(ptr).unwrap_or(0); // the profiler's delta
+        }
+        let with_stack = frames.is_some();
         if let Some(f) = frames {
             e.set_current_stack(Some(f));
         }
         let r = e.free(ptr);
-        e.set_current_stack(None);
+        if with_stack {
+            e.set_current_stack(None);
+        }
         r.map_err(aerr)?;
         if want_totals {
             (out[1], out[2]) = e.allocated_and_reserved();

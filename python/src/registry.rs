@@ -16,6 +16,7 @@
 //!   `PYTORCH_CUDA_ALLOC_CONF`, ...) and the policy `CUDAMEM_POLICY` (default `cudamem`), unless
 //!   [`configure`] set either before the first allocator was created.
 
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
@@ -37,6 +38,9 @@ struct Entry {
     policy: String,
 }
 static CREATE: Mutex<()> = Mutex::new(());
+/// How many allocators exist, and the ordinal of the first: with one, a free needs no search.
+static CREATED: AtomicUsize = AtomicUsize::new(0);
+static FIRST: AtomicI32 = AtomicI32::new(-1);
 static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
     policy: None,
     config: None,
@@ -123,6 +127,10 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     // allocators created later too; under CREATE, so that no setting is missed.
     crate::history::on_new_allocator(device, &alloc);
     let _ = SLOTS[i].set(Entry { alloc, policy });
+    if CREATED.load(Ordering::Relaxed) == 0 {
+        FIRST.store(device, Ordering::Relaxed);
+    }
+    CREATED.fetch_add(1, Ordering::Release); // after the slot is set: `sole` reads it
     Ok(&SLOTS[i].get().expect("slot was just set").alloc)
 }
 
@@ -131,6 +139,16 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
 pub fn with_creation_locked<R>(f: impl FnOnce() -> R) -> R {
     let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
     f()
+}
+
+/// The allocator, when exactly one exists (the common one-GPU process), with its ordinal.
+#[inline]
+pub fn sole() -> Option<(i32, &'static CachingAllocator)> {
+    if CREATED.load(Ordering::Acquire) != 1 {
+        return None;
+    }
+    let d = FIRST.load(Ordering::Relaxed);
+    get(d).map(|a| (d, a))
 }
 
 /// Every allocator created so far, with its ordinal, in ordinal order.

@@ -9,7 +9,7 @@
 #   (3) the profiler's per-operator CUDA memory, torch's allocator vs cudamem (separate processes)
 #   (4) torch.compile(mode="reduce-overhead") training, 20 steps, alternated 2x each
 #       ($NATIVE_COMPILE_RUNS times): losses
-#   (5) torch.empty/del at 512 B, 1 MiB, 64 MiB, alternated 3x each: ns per tensor
+#   (5) torch.empty/del at 512 B, 1 MiB, 64 MiB, alternated 5x each: ns per tensor
 # Output: the log on stdout; with $OUT set, $OUT/native-log.txt and $OUT/native.json.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -79,7 +79,7 @@ sys.exit(0 if ok else 1)
 PY
 
     step "(5) torch.empty/del, ns per tensor, alternated"
-    for i in 1 2 3; do
+    for i in 1 2 3 4 5; do
         for m in native cudamem; do
             timeout 120 python3 $here/native_check.py --mode $m --bench-json "$work/bench-$m-$i.json" | tail -n 1
         done
@@ -87,7 +87,7 @@ PY
     python3 - "$work" "${OUT:-}" <<'PY'
 import json, statistics, sys
 w, out = sys.argv[1], sys.argv[2]
-B = {m: [json.load(open(f"{w}/bench-{m}-{i}.json")) for i in (1, 2, 3)] for m in ("native", "cudamem")}
+B = {m: [json.load(open(f"{w}/bench-{m}-{i}.json")) for i in range(1, 6)] for m in ("native", "cudamem")}
 rows = {}
 for size in B["native"][0]:
     n = statistics.median(r[size] for r in B["native"])
