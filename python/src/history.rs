@@ -57,6 +57,8 @@ pub const MAX_FRAMES: usize = 256;
 
 static STACK_MODE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(STACKS_NONE) }; MAX_DEVICES];
 static FINALIZING: AtomicBool = AtomicBool::new(false);
+/// Whether each device records its history (with stacks or without).
+static RECORDING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
 /// The setting for allocators created from now on (`device=None`).
 static DEFAULT: Mutex<Option<HistorySettings>> = Mutex::new(None);
 
@@ -94,12 +96,23 @@ pub fn stack_mode(device: i32) -> u8 {
     }
 }
 
+/// Whether `device` records its memory history.
+pub fn is_recording(device: i32) -> bool {
+    usize::try_from(device)
+        .ok()
+        .and_then(|i| RECORDING.get(i))
+        .is_some_and(|r| r.load(Ordering::Relaxed))
+}
+
 fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: bool) {
     if clear && s.enabled {
         // The engine clears its ring when recording stops.
         alloc.record_memory_history(false, RecordContext::Never, 1);
     }
     alloc.record_memory_history(s.enabled, s.context, s.max_entries);
+    if let Some(r) = usize::try_from(device).ok().and_then(|i| RECORDING.get(i)) {
+        r.store(s.enabled, Ordering::Relaxed);
+    }
     if let Some(m) = usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
         let mode = if FINALIZING.load(Ordering::Relaxed) {
             STACKS_NONE

@@ -20,7 +20,7 @@ use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudamem_alloc::engine::{PoolCheckpoint, PoolSlot};
-use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats};
+use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 
 use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
@@ -28,7 +28,7 @@ use crate::history;
 use crate::registry;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 1;
+pub const NATIVE_API_VERSION: u32 = 2;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -77,6 +77,11 @@ pub struct NativeApi {
     pub set_settings: unsafe extern "C" fn(*const c_char) -> c_int,
     /// `(device, out[2])`: allocated and reserved bytes.
     pub totals: unsafe extern "C" fn(c_int, *mut u64),
+    /// `(enabled, context, max_entries, clear) -> kind`: c10's `recordHistory` for every
+    /// device; `context` is c10's `RecordContext` (0 never .. 3 all). Stacks are Python's.
+    pub record_history: extern "C" fn(c_int, c_int, u64, c_int) -> c_int,
+    /// Whether any device records its history.
+    pub history_enabled: extern "C" fn() -> c_int,
 }
 
 static API: NativeApi = NativeApi {
@@ -105,6 +110,8 @@ static API: NativeApi = NativeApi {
     checkpoint_restore: nat_checkpoint_restore,
     set_settings: nat_set_settings,
     totals: nat_totals,
+    record_history: nat_record_history,
+    history_enabled: nat_history_enabled,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.
@@ -473,6 +480,34 @@ unsafe extern "C" fn nat_totals(device: c_int, out: *mut u64) {
         *out = al;
         *out.add(1) = re;
     }
+}
+
+extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u64, clear: c_int) -> c_int {
+    run("record_history", || {
+        let context = match context {
+            0 => RecordContext::Never,
+            1 => RecordContext::State,
+            2 => RecordContext::Alloc,
+            3 => RecordContext::All,
+            other => {
+                return Err(ffi::CError {
+                    kind: ERR_INVALID,
+                    message: format!("cudamem: unknown record context {other} (c10's RecordContext is 0..3)"),
+                })
+            }
+        };
+        let s = history::HistorySettings {
+            enabled: enabled != 0,
+            context,
+            max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX).max(1),
+        };
+        history::set_history(None, s, clear != 0)?;
+        Ok(())
+    })
+}
+
+extern "C" fn nat_history_enabled() -> c_int {
+    registry::existing().any(|(d, _)| history::is_recording(d)) as c_int
 }
 
 #[cfg(test)]

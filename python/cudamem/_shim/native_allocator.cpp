@@ -44,7 +44,7 @@ namespace {
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
 
-constexpr uint32_t kApiVersion = 1;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 2;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
@@ -78,6 +78,8 @@ struct NativeApi {
   int (*checkpoint_restore)(int, const void*, void*, PtrSink, PtrSink);
   int (*set_settings)(const char*);
   void (*totals)(int, uint64_t*);
+  int (*record_history)(int, int, uint64_t, int);
+  int (*history_enabled)();
 };
 
 const NativeApi* g_api = nullptr;
@@ -361,19 +363,19 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     TORCH_CHECK(false, "cudamem: receiving CUDA tensors from another process (CUDA IPC) is not supported yet");
   }
 
-  bool isHistoryEnabled() override { return false; }
+  bool isHistoryEnabled() override { return g_api->history_enabled() != 0; }
 
+  // cudamem records the history itself, with Python stacks it gathers (torch's context
+  // recorder and skip_actions are not used); torch.cuda.memory._snapshot() reads it.
   void recordHistory(
       bool enabled,
       CCA::CreateContextFn,
-      size_t,
-      CCA::RecordContext,
-      bool,
+      size_t alloc_trace_max_entries,
+      CCA::RecordContext when,
+      bool clearHistory,
       const std::vector<std::string>&) override {
-    TORCH_CHECK(
-        !enabled,
-        "cudamem: record the memory history with torch.cuda.memory._record_memory_history() or "
-        "cudamem.record_memory_history(), which cudamem serves; the C++ recordHistory is not available");
+    check(g_api->record_history(
+        enabled ? 1 : 0, static_cast<int>(when), static_cast<uint64_t>(alloc_trace_max_entries), clearHistory ? 1 : 0));
   }
 
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {

@@ -312,6 +312,24 @@ def _():
         expect("cudamem" in str(e), str(e)[:300])
 
 
+@check("memory history and snapshots with Python frames", "history")
+def _():
+    torch.cuda.memory._record_memory_history(max_entries=10000)
+    expect(torch._C._cuda_isHistoryEnabled(), "torch does not see the history as enabled")
+    x = torch.empty(5 * MIB, dtype=torch.uint8, device="cuda")
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    traces = [e for t in snap["device_traces"] for e in t]
+    allocs = [e for e in traces if e["action"] == "alloc" and e["size"] == 5 * MIB]
+    expect(allocs, f"no alloc of 5 MiB in {len(traces)} trace entries")
+    files = {f.get("filename", "") for f in allocs[-1].get("frames", [])}
+    expect(any(f.endswith("native_check.py") for f in files), f"frames: {sorted(files)[:5]}")
+    from torch.cuda import _memory_viz
+
+    expect(len(_memory_viz.trace_plot(snap)) > 1000, "torch.cuda._memory_viz cannot draw the snapshot")
+    del x
+
+
 # ---------------------------------------------------------------------------------------- profiler
 def profile_memory():
     torch.manual_seed(0)
