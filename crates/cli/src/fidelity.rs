@@ -26,9 +26,9 @@ fn live_peak(trace: &Path, kind: &str) -> Option<u64> {
 }
 
 /// Prints the markdown table.
-pub fn run(paths: &[PathBuf]) -> Result<(), String> {
-    println!("| trace | trace peak reserved | replay peak reserved (`pytorch`) | trace device allocs | replay device allocs | live peak, expandable | replay peak (`pytorch-expandable`) | difference |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+pub fn run(paths: &[PathBuf]) -> crate::CliResult {
+    outln!("| trace | trace peak reserved | replay peak reserved (`pytorch`) | trace device allocs | replay device allocs | live peak, expandable | replay peak (`pytorch-expandable`) | difference |");
+    outln!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut mismatches = 0;
     for path in paths {
         let trace = cudamem_trace::read_path(path).map_err(|e| e.to_string())?;
@@ -56,13 +56,16 @@ pub fn run(paths: &[PathBuf]) -> Result<(), String> {
         let name = path
             .file_name()
             .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        println!(
+        outln!(
             "| {name} | {} | {} | {} | {} | {live} | {exp} | {diff} |",
-            d.trace_peak_reserved_bytes, d.peak_reserved_bytes, d.trace_device_allocs, d.device_allocs
+            d.trace_peak_reserved_bytes,
+            d.peak_reserved_bytes,
+            d.trace_device_allocs,
+            d.device_allocs
         );
     }
     if mismatches > 0 {
-        return Err(format!("{mismatches} trace(s) not reproduced exactly"));
+        return Err(format!("{mismatches} trace(s) not reproduced exactly").into());
     }
     Ok(())
 }

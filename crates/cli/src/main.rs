@@ -1,5 +1,26 @@
 //! The `cudamem` command. Each subcommand is a small function over the library crates; this
 //! file only parses arguments and prints.
+//!
+//! Output goes through [`out!`] and [`outln!`], which return a write error to the caller instead
+//! of panicking as `println!` does: a closed stdout (`cudamem compare ... | head -1`) ends the
+//! command quietly with exit status 0, and every other error prints its message (`Display`)
+//! with exit status 2.
+
+/// `print!` that returns a failed write as [`CliError::Write`] from the calling function.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*).map_err($crate::CliError::Write)?
+    }};
+}
+
+/// `println!` that returns a failed write as [`CliError::Write`] from the calling function.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err($crate::CliError::Write)?
+    }};
+}
 
 mod demo;
 mod fidelity;
@@ -35,7 +56,7 @@ enum Command {
     /// simulated GPU.
     Demo {
         /// Simulated GPU memory (e.g. 8GiB, 80GB, 150109880320).
-        #[arg(long, default_value = "8GiB", value_parser = parse_size)]
+        #[arg(long, default_value = "8GiB", value_parser = parse_size, allow_hyphen_values = true)]
         capacity: u64,
     },
     /// Replay a PyTorch memory snapshot (or RMM log, or cudamem trace) on a simulated GPU (or a
@@ -49,8 +70,9 @@ enum Command {
         /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
         #[arg(long)]
         config: Option<String>,
-        /// Simulated GPU memory (default: an H200's).
-        #[arg(long, value_parser = parse_size)]
+        /// Simulated GPU memory (default: an H200's, 150109880320 bytes; e.g. 80GiB, 141GB).
+        // Hyphen values reach parse_size, which says what is wrong with a negative size.
+        #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
         capacity: Option<u64>,
         /// Timed repetitions for replay_ns_per_op.
         #[arg(long, default_value_t = 5)]
@@ -114,6 +136,52 @@ enum Command {
     Report(report_cmds::ReportCommand),
 }
 
+/// Why a command stopped: a message for the user, or a write to stdout that failed.
+#[derive(Debug)]
+pub enum CliError {
+    /// A message naming what is wrong (a bad argument, a bad file, a refused replay).
+    Msg(String),
+    /// Writing to stdout failed; a closed pipe is not an error of the command.
+    Write(std::io::Error),
+}
+
+impl From<String> for CliError {
+    fn from(s: String) -> Self {
+        CliError::Msg(s)
+    }
+}
+
+impl From<&str> for CliError {
+    fn from(s: &str) -> Self {
+        CliError::Msg(s.to_string())
+    }
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Msg(m) => f.write_str(m),
+            CliError::Write(e) => write!(f, "cannot write to stdout: {e}"),
+        }
+    }
+}
+
+/// What a command returns.
+pub type CliResult = Result<(), CliError>;
+
+/// The exit status and message of a command's result.
+fn exit(r: CliResult) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): what it wanted was written.
+        Err(CliError::Write(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cudamem: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
@@ -156,13 +224,7 @@ fn main() -> ExitCode {
         } => cmd_fit(&trace, &policy, config, json),
         Command::Report(cmd) => report_cmds::run(cmd),
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cudamem: {e}");
-            ExitCode::from(2)
-        }
-    }
+    exit(r)
 }
 
 fn load(path: &std::path::Path) -> Result<Trace, String> {
@@ -242,7 +304,7 @@ struct ReplayArgs {
     warm: bool,
 }
 
-fn cmd_replay(path: &std::path::Path, a: ReplayArgs, json: bool) -> Result<(), String> {
+fn cmd_replay(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResult {
     policies(&a.policy)?;
     if a.device != "sim" && a.capacity.is_some() {
         return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
@@ -278,37 +340,42 @@ fn cmd_replay(path: &std::path::Path, a: ReplayArgs, json: bool) -> Result<(), S
     spinner.finish_and_clear();
     let r = r?;
     if json {
-        println!("{}", to_json(&r));
+        outln!("{}", to_json(&r));
         return Ok(());
     }
-    println!("trace    {}", r.trace);
-    println!(
+    outln!("trace    {}", r.trace);
+    outln!(
         "policy   {}   config '{}'   capacity {}",
         r.policy,
         r.config,
         human(r.capacity)
     );
     for d in &r.devices {
-        println!("\ndevice {}: {} ops, {:.1} ns/op", d.device, d.ops, d.replay_ns_per_op);
-        println!(
+        outln!("\ndevice {}: {} ops, {:.1} ns/op", d.device, d.ops, d.replay_ns_per_op);
+        outln!(
             "  peak requested {}   peak allocated {}   peak reserved {}   (reserved/requested {:.3})",
             human(d.peak_requested_bytes),
             human(d.peak_allocated_bytes),
             human(d.peak_reserved_bytes),
             d.peak_reserved_bytes as f64 / d.peak_requested_bytes.max(1) as f64
         );
-        println!(
+        outln!(
             "  device allocs {}   frees {}   maps {}   unmaps {}   OOMs {}   retries {}",
-            d.device_allocs, d.device_frees, d.device_calls.maps, d.device_calls.unmaps, d.ooms, d.alloc_retries
+            d.device_allocs,
+            d.device_frees,
+            d.device_calls.maps,
+            d.device_calls.unmaps,
+            d.ooms,
+            d.alloc_retries
         );
-        println!(
+        outln!(
             "  as recorded: peak reserved {}   device allocs {}   OOMs {}",
             human(d.trace_peak_reserved_bytes),
             d.trace_device_allocs,
             d.trace_ooms
         );
-        println!("\nmemory_summary() when reserved memory peaked:");
-        print!("{}", memory_summary(&d.stats_at_peak.to_dict(), d.device, false));
+        outln!("\nmemory_summary() when reserved memory peaked:");
+        out!("{}", memory_summary(&d.stats_at_peak.to_dict(), d.device, false));
     }
     Ok(())
 }
@@ -328,13 +395,7 @@ struct Timing {
     warm: bool,
 }
 
-fn cmd_compare(
-    paths: &[PathBuf],
-    list: &str,
-    config: Option<String>,
-    timing: Timing,
-    json: bool,
-) -> Result<(), String> {
+fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, timing: Timing, json: bool) -> CliResult {
     let pols = policies(list)?;
     let pb = bar((paths.len() * pols.len()) as u64, json);
     let mut rows = Vec::new();
@@ -355,35 +416,82 @@ fn cmd_compare(
     }
     pb.finish_and_clear();
     if json {
-        println!("{}", Value::Array(rows.iter().map(to_json).collect()));
+        outln!("{}", Value::Array(rows.iter().map(to_json).collect()));
         return Ok(());
     }
-    println!(
-        "{:<28} {:<20} {:>12} {:>12} {:>9} {:>8} {:>8} {:>6} {:>8}",
-        "trace", "policy", "peak req", "peak resv", "resv/req", "dev alloc", "maps+unm", "OOMs", "ns/op"
-    );
-    for r in &rows {
-        let j = to_json(r);
-        let name = std::path::Path::new(&r.trace)
-            .file_name()
-            .map_or(r.trace.clone(), |n| n.to_string_lossy().into_owned());
-        println!(
-            "{:<28} {:<20} {:>12} {:>12} {:>9.3} {:>8} {:>8} {:>6} {:>8.1}",
-            name,
-            r.policy,
-            human(j["peak_requested_bytes"].as_u64().unwrap_or(0)),
-            human(j["peak_reserved_bytes"].as_u64().unwrap_or(0)),
-            j["reserved_over_requested"].as_f64().unwrap_or(0.0),
-            j["device_allocs"],
-            j["device_maps"].as_u64().unwrap_or(0) + j["device_unmaps"].as_u64().unwrap_or(0),
-            j["ooms"],
-            j["replay_ns_per_op"].as_f64().unwrap_or(0.0)
-        );
+    let names: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            std::path::Path::new(&r.trace)
+                .file_name()
+                .map_or(r.trace.clone(), |n| n.to_string_lossy().into_owned())
+        })
+        .collect();
+    // The name columns are as wide as their longest entry, so that long trace names keep the
+    // columns aligned; each number column is as wide as its header or its widest value.
+    let tw = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("trace".len());
+    let pw = rows
+        .iter()
+        .map(|r| r.policy.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("policy".len());
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .map(|r| {
+            let j = to_json(r);
+            [
+                human(j["peak_requested_bytes"].as_u64().unwrap_or(0)),
+                human(j["peak_reserved_bytes"].as_u64().unwrap_or(0)),
+                format!("{:.3}", j["reserved_over_requested"].as_f64().unwrap_or(0.0)),
+                j["device_allocs"].to_string(),
+                (j["device_maps"].as_u64().unwrap_or(0) + j["device_unmaps"].as_u64().unwrap_or(0)).to_string(),
+                j["ooms"].to_string(),
+                format!("{:.1}", j["replay_ns_per_op"].as_f64().unwrap_or(0.0)),
+            ]
+        })
+        .collect();
+    const HEAD: [&str; 7] = [
+        "peak req",
+        "peak resv",
+        "resv/req",
+        "dev alloc",
+        "maps+unm",
+        "OOMs",
+        "ns/op",
+    ];
+    const MIN: [usize; 7] = [12, 12, 9, 9, 8, 6, 8];
+    let w: Vec<usize> = (0..7)
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].chars().count())
+                .chain([HEAD[i].len(), MIN[i]])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |name: &str, policy: &str, nums: &[&str]| {
+        let mut l = format!("{name:<tw$} {policy:<pw$}");
+        for (n, w) in nums.iter().zip(&w) {
+            l.push_str(&format!(" {n:>w$}"));
+        }
+        l
+    };
+    outln!("{}", line("trace", "policy", &HEAD));
+    for (name, (r, c)) in names.iter().zip(rows.iter().zip(&cells)) {
+        let nums: Vec<&str> = c.iter().map(String::as_str).collect();
+        outln!("{}", line(name, &r.policy, &nums));
     }
     Ok(())
 }
 
-fn cmd_fit(path: &std::path::Path, list: &str, config: Option<String>, json: bool) -> Result<(), String> {
+fn cmd_fit(path: &std::path::Path, list: &str, config: Option<String>, json: bool) -> CliResult {
     let pols = policies(list)?;
     let trace = load(path)?;
     let pb = bar(pols.len() as u64, json);
@@ -405,14 +513,14 @@ fn cmd_fit(path: &std::path::Path, list: &str, config: Option<String>, json: boo
             .iter()
             .map(|(p, c)| json!({"trace": trace.source, "policy": p, "min_capacity_bytes": c}))
             .collect();
-        println!("{}", Value::Array(v));
+        outln!("{}", Value::Array(v));
     } else {
-        println!(
+        outln!(
             "smallest simulated GPU on which {} replays without an out-of-memory error:",
             trace.source
         );
         for (p, c) in &out {
-            println!("  {:<20} {:>12}  ({} bytes)", p, human(*c), c);
+            outln!("  {:<20} {:>12}  ({} bytes)", p, human(*c), c);
         }
     }
     Ok(())

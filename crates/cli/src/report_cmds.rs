@@ -88,13 +88,13 @@ fn named(path: &Path, e: String) -> String {
     }
 }
 
-fn json_out(v: serde_json::Value) -> Result<(), String> {
-    println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+fn json_out(v: serde_json::Value) -> crate::CliResult {
+    outln!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
     Ok(())
 }
 
 /// Runs one report subcommand.
-pub fn run(cmd: ReportCommand) -> Result<(), String> {
+pub fn run(cmd: ReportCommand) -> crate::CliResult {
     match cmd {
         ReportCommand::Summary { trace, json } => {
             let t = load(&trace)?;
@@ -102,7 +102,7 @@ pub fn run(cmd: ReportCommand) -> Result<(), String> {
             if json {
                 return json_out(r.to_json());
             }
-            print!("{r}");
+            out!("{r}");
             Ok(())
         }
         ReportCommand::Leaks {
@@ -118,7 +118,7 @@ pub fn run(cmd: ReportCommand) -> Result<(), String> {
             if json {
                 return json_out(r.to_json());
             }
-            print!("{}", r.to_text(top, frames));
+            out!("{}", r.to_text(top, frames));
             Ok(())
         }
         ReportCommand::Why { trace, top, json } => {
@@ -127,7 +127,7 @@ pub fn run(cmd: ReportCommand) -> Result<(), String> {
             if json {
                 return json_out(r.to_json());
             }
-            print!("{}", r.to_text(top, 5, 6));
+            out!("{}", r.to_text(top, 5, 6));
             Ok(())
         }
         ReportCommand::Viz {

@@ -67,3 +67,180 @@ fn a_wrong_argument_names_what_is_wrong() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--repeats"));
 }
+
+/// Runs the command with its stdout a pipe whose reading end is already closed, as after
+/// `cudamem ... | head -1` once `head` has exited.
+fn with_closed_stdout(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cudamem"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the cudamem binary runs");
+    drop(child.stdout.take());
+    child.wait_with_output().expect("the command ends")
+}
+
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let trace = data("seed_example.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    for args in [
+        &["fidelity", trace, trace][..],
+        &["compare", trace, "--repeats", "0"],
+        &["compare", trace, "--repeats", "0", "--json"],
+        &["replay", trace, "--repeats", "0"],
+        &["fit", trace, "--policy", "pytorch"],
+        &["summary", trace],
+        &["demo"],
+    ] {
+        let out = with_closed_stdout(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} printed to stderr: {err}");
+    }
+}
+
+#[test]
+fn head_reads_the_first_line_and_the_command_exits_zero() {
+    let trace = data("seed_example.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_cudamem");
+    let script = format!(
+        "set -o pipefail; '{bin}' fidelity '{trace}' '{trace}' '{trace}' | head -1 && '{bin}' compare '{trace}' --repeats 0 | head -1"
+    );
+    let out = Command::new("bash").args(["-c", &script]).output().expect("bash runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.starts_with("| trace |"), "{text}");
+}
+
+#[test]
+fn a_capacity_the_simulated_gpu_cannot_serve_is_refused_before_the_replay() {
+    let trace = data("seed_example.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    for cap in ["500TiB", "15EiB", "18446744073709551615"] {
+        let out = cudamem(&["replay", trace, "--capacity", cap]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cap}: {err}");
+        assert!(out.stdout.is_empty(), "{cap}: nothing is replayed");
+        assert!(
+            err.contains("cannot serve a capacity") && err.contains("the largest capacity it serves"),
+            "{cap}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // The largest capacity the message names replays with every policy.
+    let out = cudamem(&["replay", trace, "--capacity", "500TiB"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let largest = err
+        .rsplit('(')
+        .next()
+        .and_then(|s| s.strip_suffix(" bytes)\n"))
+        .unwrap_or_else(|| panic!("no byte count at the end of: {err}"));
+    for policy in ["pytorch", "pytorch-expandable", "cudamem", "cudamem-compact"] {
+        let out = cudamem(&[
+            "replay",
+            trace,
+            "--capacity",
+            largest,
+            "--policy",
+            policy,
+            "--repeats",
+            "0",
+            "--json",
+        ]);
+        let v = json_rows_of(&out);
+        assert_eq!(v["capacity"].as_u64().unwrap().to_string(), largest, "{policy}");
+        assert_eq!(v["ooms"], 0, "{policy}");
+    }
+}
+
+fn json_rows_of(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("replay --json prints one JSON object")
+}
+
+#[test]
+fn bad_sizes_get_a_message_that_says_what_is_wrong() {
+    let trace = data("seed_example.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    for (args, want) in [
+        (&["replay", trace, "--capacity", "-1"][..], "negative"),
+        (&["replay", trace, "--capacity=-1"], "negative"),
+        (&["demo", "--capacity", "-8GiB"], "negative"),
+        (&["replay", trace, "--capacity", "0"], "out of range"),
+        (&["replay", trace, "--capacity", "16EiB"], "out of range"),
+        (&["replay", trace, "--capacity", "8XB"], "unknown size unit 'XB'"),
+    ] {
+        let out = cudamem(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("'-- -1'") && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // Either case, and the units up to EiB.
+    for cap in ["80gib", "80GB", "80gb", "1PiB", "0.25pib"] {
+        let out = cudamem(&["demo", "--capacity", cap]);
+        assert!(out.status.success(), "{cap}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn errors_print_their_message_not_a_debug_dump() {
+    let out = cudamem(&["demo", "--capacity", "1MiB"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("cudamem: CUDA out of memory."), "{err}");
+    assert!(!err.contains("OutOfMemory {") && !err.contains("Alloc("), "{err}");
+}
+
+#[test]
+fn compare_keeps_its_columns_aligned_with_a_long_trace_name() {
+    let dir = std::env::temp_dir().join(format!("cudamem-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let long = dir.join("a_trace_with_a_much_longer_name_than_the_column_had_room_for.pickle.gz");
+    std::fs::copy(data("seed_example.pickle.gz"), &long).unwrap();
+    let out = cudamem(&[
+        "compare",
+        data("seed_example.pickle.gz").to_str().unwrap(),
+        long.to_str().unwrap(),
+        "--policies",
+        "pytorch,cudamem-compact",
+        "--repeats",
+        "0",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    // Every row is as long as the header, its policy starts under "policy", and each number
+    // ends under the end of its right-aligned header.
+    let head = lines[0];
+    let policy_at = head.find("policy").unwrap();
+    for (l, policy) in lines[1..].iter().zip(["pytorch", "cudamem-compact"].iter().cycle()) {
+        assert_eq!(l.len(), head.len(), "{text}");
+        assert!(l[policy_at..].starts_with(policy), "{text}");
+        assert_eq!(l.as_bytes()[policy_at - 1], b' ', "{text}");
+        for label in [
+            "peak req",
+            "peak resv",
+            "resv/req",
+            "dev alloc",
+            "maps+unm",
+            "OOMs",
+            "ns/op",
+        ] {
+            let end = head.find(label).unwrap() + label.len() - 1;
+            let b = l.as_bytes();
+            assert!(
+                b[end] != b' ' && (end + 1 == b.len() || b[end + 1] == b' '),
+                "{label}: {text}"
+            );
+        }
+    }
+}

@@ -30,6 +30,6 @@ mod run;
 
 pub use program::{Op, Program};
 pub use run::{
-    effective_config, fit, free_leftovers, new_allocator, replay, replay_device, run_once, settings_string,
-    DeviceResult, ReplayOptions, ReplayResult, Target, DEFERRED_STREAM_BASE,
+    check_sim_capacity, effective_config, fit, free_leftovers, new_allocator, replay, replay_device, run_once,
+    settings_string, DeviceResult, ReplayOptions, ReplayResult, Target, DEFERRED_STREAM_BASE,
 };

@@ -279,6 +279,81 @@ pub fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
     e.process_events();
 }
 
+/// Pools the policies keep per stream (small and large); each may hold one expandable segment.
+const POOLS_PER_STREAM: u64 = 2;
+/// Room per reservation for the engine's rounding of a reservation up to its page size.
+const PAGE_SLACK: u64 = 64 << 20;
+
+/// The ranges of address space a replay of `p` on a simulated device of `capacity` bytes may
+/// hold at once: the device's memory for plain segments, and for each (stream, pool) the trace
+/// allocates on one expandable segment, for which the engine reserves 1 1/8 of the device's
+/// memory. `None` when a size does not fit in 64 bits.
+fn address_space_needed(p: &Program, capacity: u64) -> Option<Vec<u64>> {
+    let mut streams: Vec<u64> = p
+        .ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::Malloc { stream, .. } => Some(stream),
+            _ => None,
+        })
+        .collect();
+    streams.sort_unstable();
+    streams.dedup();
+    let expandable = capacity.checked_add(capacity / 8)?.checked_add(PAGE_SLACK)?;
+    let n = (streams.len() as u64).max(1) * POOLS_PER_STREAM;
+    let mut v = vec![capacity];
+    v.extend(std::iter::repeat_n(expandable, n as usize));
+    Some(v)
+}
+
+/// Whether a fresh simulated device of `capacity` bytes can reserve every range of
+/// [`address_space_needed`] at once (asked of the device itself, so the answer follows its
+/// address-space size).
+fn sim_address_space_fits(p: &Program, capacity: u64) -> bool {
+    let Some(ranges) = address_space_needed(p, capacity) else {
+        return false;
+    };
+    let sim = SimDevice::new(SimConfig {
+        index: p.device,
+        capacity,
+        ..SimConfig::default()
+    });
+    let g = sim.granularity();
+    ranges.into_iter().all(|r| match r.checked_next_multiple_of(g) {
+        Some(size) => sim.reserve(size).is_ok(),
+        None => false,
+    })
+}
+
+/// Refuses, before anything is replayed, a simulated capacity the simulated device cannot
+/// serve: every range of [`address_space_needed`] must fit in its address space. The message
+/// names the largest capacity (to 1 GiB) that this trace's device can be replayed with.
+pub fn check_sim_capacity(p: &Program, capacity: u64) -> Result<(), String> {
+    if sim_address_space_fits(p, capacity) {
+        return Ok(());
+    }
+    const GIB: u64 = 1 << 30;
+    let (mut lo, mut hi) = (0u64, capacity / GIB + 1); // lo GiB fits (or is 0), hi GiB does not
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if sim_address_space_fits(p, mid * GIB) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let tib = |b: u64| b as f64 / (1u64 << 40) as f64;
+    Err(format!(
+        "the simulated GPU cannot serve a capacity of {:.2} TiB ({capacity} bytes) for this trace: its \
+         address space must hold the memory plus one expandable segment (1 1/8 of the memory) per pool and \
+         stream the trace uses; the largest capacity it serves for device {} of this trace is {:.2} TiB ({} bytes)",
+        tib(capacity),
+        p.device,
+        tib(lo * GIB),
+        lo * GIB,
+    ))
+}
+
 /// Replays one compiled device trace.
 pub fn replay_device(
     p: &Program,
@@ -289,6 +364,9 @@ pub fn replay_device(
     let mut p = p.clone();
     p.deferred_frees = opts.deferred_frees;
     let p = &p;
+    if opts.device == "sim" {
+        check_sim_capacity(p, opts.capacity)?;
+    }
     let plan = opts.device == "sim"
         && opts
             .plan_addresses
