@@ -30,7 +30,7 @@ rss=${FUZZ_RSS_MB:-2048}
 export RUSTC_BOOTSTRAP=1
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "fuzz.sh: installing cargo-fuzz"
+    echo "fuzz.sh: cargo-fuzz is missing; installing it now (cargo install cargo-fuzz, into ~/.cargo/bin; a few minutes)"
     cargo install cargo-fuzz
 fi
 

@@ -1,20 +1,75 @@
 #!/usr/bin/env bash
 # Every test of the repository: the Rust workspace (unit, property, golden, fidelity, misuse,
 # stress, report tests; GPU tests skip without a GPU and say so), the Python package's tests on
-# the simulated GPU, and the offline viewer rendered in headless Chromium.
+# the simulated GPU, the offline viewer rendered in headless Chromium, and a short fuzz run.
 # This is the README's test command and what CI runs (.ci/run).
+#
+# What it installs when missing, each announced before it starts: Debian's chromium and
+# fonts-dejavu-core (apt-get, needs root; scripts/viz/browser-test.sh), cargo-fuzz
+# (cargo install, into ~/.cargo/bin; scripts/fuzz.sh), and a virtual environment in
+# target/pyenv with maturin and pytest from PyPI (python/build_and_test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== Rust workspace tests"
+
+PHASES=6
+START=$(date +%s)
+phase_start=$START
+k=0
+
+elapsed() {
+    local s=$(($(date +%s) - $1))
+    printf '%dm%02ds' $((s / 60)) $((s % 60))
+}
+
+phase() {
+    if [ "$k" -gt 0 ]; then
+        echo "[$k/$PHASES] done in $(elapsed "$phase_start")"
+    fi
+    k=$((k + 1))
+    phase_start=$(date +%s)
+    echo
+    echo "[$k/$PHASES] $1"
+}
+
+echo "test-all.sh: $PHASES phases; on a 2-core machine with nothing built yet about 10-20 minutes"
+echo "(the first phase compiles the workspace; a phase may print nothing for a minute or two)."
+installs=()
+command -v chromium >/dev/null 2>&1 ||
+    installs+=("chromium and fonts-dejavu-core, with apt-get (needs root), for the viewer test (phase 5)")
+(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz --version >/dev/null 2>&1) ||
+    installs+=("cargo-fuzz, with 'cargo install cargo-fuzz' into ~/.cargo/bin (a few minutes), for phase 6")
+venv=${CUDAMEM_PYENV:-target/pyenv}
+if [ ! -x "$venv/bin/python" ]; then
+    installs+=("a Python virtual environment in $venv with maturin and pytest from PyPI, for phase 4")
+elif ! "$venv/bin/python" -c 'import pytest' 2>/dev/null || [ ! -x "$venv/bin/maturin" ]; then
+    installs+=("maturin and pytest from PyPI into $venv, for phase 4")
+fi
+if [ ${#installs[@]} -gt 0 ]; then
+    echo "It will install:"
+    printf '  - %s\n' "${installs[@]}"
+else
+    echo "Nothing to install: chromium, cargo-fuzz and $venv are present."
+fi
+
+phase "Rust workspace tests (cargo test --workspace --profile ci)"
 cargo test --workspace --profile ci --locked
-echo "== The GPU tests again, with their output (without a GPU each one says SKIPPED and why)"
+
+phase "The GPU tests again, with their output (without a GPU each one says SKIPPED and why)"
 cargo test --profile ci --locked -p cudamem-cuda --test gpu_device -p cudamem --test gpu_allocator \
     -- --nocapture --test-threads=1 2>&1 | grep -E "^test |SKIPPED|^test result"
-echo "== The GPU targets' judge (scripts/gpu/targets.py) on recorded H200 outputs"
+
+phase "The GPU targets' judge (scripts/gpu/targets.py) on recorded H200 outputs"
 python3 scripts/gpu/targets.py --self-test
-echo "== Python package tests"
+
+phase "Python package: build the wheel with maturin, run its tests on the simulated GPU"
 bash python/build_and_test.sh
-echo "== The HTML viewer in headless Chromium"
+
+phase "The HTML viewer in headless Chromium"
 CUDAMEM=target/ci/cudamem bash scripts/viz/browser-test.sh tests/data/bert_varlen_infer.pickle.gz target/viz-browser-test.png
-echo "== A short fuzz run of every target (20 s each; any failing input fails the run)"
+
+phase "A short fuzz run of every target (20 s each, 5 targets; any failing input fails the run)"
 bash scripts/fuzz.sh 20
+
+echo "[$k/$PHASES] done in $(elapsed "$phase_start")"
+echo
+echo "test-all.sh: all $PHASES phases passed in $(elapsed "$START")"

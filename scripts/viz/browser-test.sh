@@ -33,7 +33,7 @@ SHOT=${2:-docs/img/viz-$NAME.png}
 START=$(date +%s.%N)
 
 if ! command -v chromium >/dev/null 2>&1; then
-    echo "browser-test: installing chromium (apt-get)" >&2
+    echo "browser-test: chromium is missing; installing chromium and fonts-dejavu-core now (apt-get update, apt-get install; needs root)" >&2
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
 fi
