@@ -19,7 +19,7 @@ target holds:
 
 A file whose figures are missing (no GPU: "n/a" columns; a run cut short) is reported as such,
 never as met. Exit status: 0 if every target judged held in every file, 1 otherwise, 2 on a
-usage error. `--self-test` checks the parser on the seventh session's outputs in docs/gpu-runs.
+usage error. `--self-test` checks the parser on the seventh session's outputs in docs/bench/results.
 """
 
 import re
@@ -138,13 +138,13 @@ def judge(path):
 
 
 def self_test():
-    root = Path(__file__).resolve().parents[2] / "docs/gpu-runs/2026-12-01/session7"
-    bench = judge(root / "bench-all/gpu_bench-1.txt")
+    root = Path(__file__).resolve().parents[2] / "docs/bench/results"
+    bench = judge(root / "2026-12-01-h200-gpu_bench.txt")
     assert bench[0][1] is True and "1 MiB 148" in bench[0][2], bench
     assert bench[1][1] is True and bench[1][2] == "4.32x", bench
-    rounds = judge(root / "rounds/replay_gpu.txt")
+    rounds = judge(root / "2026-12-01-h200-replay_gpu.txt")
     assert rounds[0][1] is True and rounds[0][2].startswith("8 rows"), rounds
-    sim = judge(root / "rounds/replay_sim15.txt")
+    sim = judge(root / "2026-12-01-h200-replay_sim.txt")
     assert sim[0][1] is None, sim  # sim only: n/a columns are not "met"
     # One-round output of the fifth session's format: gpt2_train pytorch over 100.
     one = judge_replay_gpu(
