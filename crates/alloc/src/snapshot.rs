@@ -79,7 +79,10 @@ impl<S: crate::stats::StatSink> Engine<S> {
                     } else {
                         SegmentType::Large
                     },
-                    pool_id: (0, 0),
+                    pool_id: match self.private.owner(seg.pool) {
+                        Some((a, b)) => (a as i64, b as i64),
+                        None => (0, 0),
+                    },
                     is_expandable: seg.is_expandable(),
                     stack: seg.stack,
                     ..SegmentSnapshot::default()

@@ -44,12 +44,24 @@ namespace {
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
 
-constexpr uint32_t kApiVersion = 2;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 3;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
 
 using PtrSink = void (*)(void*, uint64_t, uint64_t);
+
+// native::SegmentRecord and native::BlockRecord.
+struct SegmentRecord {
+  int device, is_large, is_expandable;
+  uint64_t address, total_size, requested_size, allocated_size, active_size, stream, pool_a, pool_b;
+};
+struct BlockRecord {
+  uint64_t size, requested_size;
+  int allocated, active;
+};
+using SegmentSink = void (*)(void*, const SegmentRecord*);
+using BlockSink = void (*)(void*, const BlockRecord*);
 
 // Field for field the Rust struct `native::NativeApi`.
 struct NativeApi {
@@ -80,6 +92,7 @@ struct NativeApi {
   void (*totals)(int, uint64_t*);
   int (*record_history)(int, int, uint64_t, int);
   int (*history_enabled)();
+  int (*snapshot)(void*, SegmentSink, BlockSink);
 };
 
 const NativeApi* g_api = nullptr;
@@ -140,6 +153,46 @@ struct CudamemPoolState : CCA::AllocatorState {
   void* handle;
   int device;
 };
+
+struct SnapshotSink {
+  std::vector<CCA::SegmentInfo>* segments;
+  MempoolId_t only;  // {0, 0}: every pool
+  bool keep_current = false;
+};
+
+void on_segment(void* ctx, const SegmentRecord* r) {
+  auto* s = static_cast<SnapshotSink*>(ctx);
+  MempoolId_t pool{r->pool_a, r->pool_b};
+  s->keep_current = s->only == MempoolId_t{0, 0} || s->only == pool;
+  if (!s->keep_current) {
+    return;
+  }
+  CCA::SegmentInfo seg;
+  seg.device = static_cast<c10::DeviceIndex>(r->device);
+  seg.address = r->address;
+  seg.total_size = r->total_size;
+  seg.requested_size = r->requested_size;
+  seg.allocated_size = r->allocated_size;
+  seg.active_size = r->active_size;
+  seg.stream = reinterpret_cast<void*>(r->stream);
+  seg.is_large = r->is_large != 0;
+  seg.is_expandable = r->is_expandable != 0;
+  seg.owner_private_pool_id = pool;
+  s->segments->push_back(std::move(seg));
+}
+
+void on_block(void* ctx, const BlockRecord* r) {
+  auto* s = static_cast<SnapshotSink*>(ctx);
+  if (!s->keep_current) {
+    return;
+  }
+  CCA::BlockInfo b;
+  b.size = r->size;
+  b.requested_size = r->requested_size;
+  b.allocated = r->allocated != 0;
+  b.active = r->active != 0;
+  s->segments->back().blocks.push_back(std::move(b));
+}
 
 struct RestoreSink {
   CCA::CheckpointDelta delta;
@@ -279,11 +332,13 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return base;
   }
 
-  CCA::SnapshotInfo snapshot(MempoolId_t, bool) override {
-    TORCH_CHECK(
-        false,
-        "cudamem: snapshots are taken by torch.cuda.memory._snapshot() and cudamem.snapshot(), "
-        "which cudamem.torch.install() routes to cudamem; the C++ snapshot() is not available");
+  // The segments and blocks (no traces: torch.cuda.memory._snapshot(), which cudamem serves,
+  // has them with their stacks).
+  CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool) override {
+    CCA::SnapshotInfo info;
+    SnapshotSink sink{&info.segments, mempool_id};
+    check(g_api->snapshot(&sink, &on_segment, &on_block));
+    return info;
   }
 
   void beginAllocateToPool(

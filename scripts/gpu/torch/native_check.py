@@ -330,6 +330,25 @@ def _():
     del x
 
 
+@check("C++ snapshot(): segments of the default and a private pool", "history")
+def _():
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+    u = torch.empty(7 * MIB, dtype=torch.uint8, device="cuda")
+    segs = torch._C._cuda_memorySnapshot((0, 0, False))["segments"]
+    owner = {}
+    for s in segs:
+        for_block = s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+        if for_block:
+            owner["t"] = tuple(s["segment_pool_id"])
+        if s["address"] <= u.data_ptr() < s["address"] + s["total_size"]:
+            owner["u"] = tuple(s["segment_pool_id"])
+    expect(owner.get("t") == tuple(pool.id), f"t's segment pool {owner.get('t')} vs {pool.id}")
+    expect(owner.get("u") == (0, 0), f"u's segment pool {owner.get('u')}")
+    del t, u, pool
+
+
 # ---------------------------------------------------------------------------------------- profiler
 def profile_memory():
     torch.manual_seed(0)
