@@ -9,18 +9,21 @@
 
 How it plugs in
 ---------------
-PyTorch accepts an external allocator through ``torch.cuda.memory.CUDAPluggableAllocator(so,
-alloc_name, free_name)``: it loads two C functions, ``void* alloc(size_t size, int device,
-cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaStream_t
-stream)``, and ``torch.cuda.memory.change_current_allocator`` makes it the allocator of every
-CUDA tensor. That swap is only possible before PyTorch's own allocator is initialised, i.e.
-before CUDA is first used in the process; :func:`install` checks this and says so.
+By default :func:`install` compiles cudamem's native allocator class
+(``cudamem/_shim/native_allocator.cpp``, a c10 ``CUDAAllocator``; see
+:mod:`cudamem._torch_native` and ``docs/design/torch-allocator.md``) against the installed torch
+and installs it with torch's ``changeCurrentAllocator``. Torch's own code then talks to cudamem
+in C++: statistics, CUDA graphs and their private pools, ``torch.cuda.MemPool``,
+``torch.compile(mode="reduce-overhead")``, cuDNN autotuning, the profiler's memory view and OOM
+observers work unchanged; only the history and snapshot functions are routed to cudamem's
+recorder. The swap is only possible before PyTorch's own allocator is initialised, i.e. before
+CUDA is first used in the process; :func:`install` checks this and says so.
 
-:func:`install` also sets three optional hooks of the pluggable allocator to cudamem's C
-functions: ``set_reset_fn`` (``torch.cuda.empty_cache()`` → ``cudamem_empty_cache``),
-``set_memory_fraction_fn`` (``torch.cuda.set_per_process_memory_fraction`` →
-``cudamem_set_memory_fraction``) and ``set_record_stream_fn`` (``tensor.record_stream(s)`` →
-``cudamem_record_stream``).
+If the class cannot be built (no compiler, no CUDA headers, a torch whose allocator interface
+differs), :func:`install` warns and falls back to ``torch.cuda.memory.CUDAPluggableAllocator``:
+two C functions, ``void* alloc(size_t, int device, cudaStream_t)`` and ``void free(void*,
+size_t, int, cudaStream_t)``, plus the optional hooks ``set_reset_fn`` (``empty_cache``),
+``set_memory_fraction_fn`` and ``set_record_stream_fn``. The rest of this page is that path.
 
 Out of memory: the C++ shim
 ---------------------------
@@ -68,7 +71,7 @@ What changes for the rest of torch
   dumps. ``install(record_history=True)`` starts recording at once. PyTorch's
   ``record_function`` ranges are not recorded as annotations (use
   :func:`cudamem.annotate_region`).
-* Not supported while installed (PyTorch's pluggable-allocator limits): CUDA graphs and their
+* Not supported on the pluggable path (PyTorch's pluggable-allocator limits): CUDA graphs and their
   private pools (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``),
   ``torch.cuda.MemPool``, CUDA IPC of tensors between processes. cuDNN autotuning
   (``torch.backends.cudnn.benchmark = True``) queries the allocator's ``cacheInfo``, which
