@@ -22,6 +22,7 @@ Workloads (fixed seeds; deterministic algorithms where the model allows, warn-on
 import json
 import random
 import statistics
+import os
 import sys
 import time
 import warnings
@@ -42,9 +43,12 @@ import torch  # noqa: E402
 warnings.filterwarnings("once")
 torch.manual_seed(0)
 random.seed(0)
-torch.backends.cudnn.benchmark = False
-torch.backends.cudnn.deterministic = True
-torch.use_deterministic_algorithms(True, warn_only=True)
+if os.environ.get("CUDAMEM_WORKLOAD_CUDNN_BENCHMARK") == "1":
+    torch.backends.cudnn.benchmark = True  # autotuning asks the allocator's cacheInfo
+else:
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
 try:
     # Filling every torch.empty with NaN (the deterministic mode's default) costs time and is not
     # needed for reproducible results of these models.

@@ -87,8 +87,19 @@ def main():
     ap.add_argument("--budget", type=float, default=360.0, help="seconds for all runs")
     ap.add_argument("--out", default=None, help="folder for torch-workloads.{md,json}")
     ap.add_argument("--only", default=None, help="comma-separated workloads")
+    ap.add_argument("--alternate", type=int, default=0,
+                    help="instead of the default plan: native and cudamem alternated N times per workload")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="torch.backends.cudnn.benchmark = True (autotuning; not deterministic)")
     args = ap.parse_args()
-    plan = [(w, v) for w, v in PLAN if args.only is None or w in args.only.split(",")]
+    if args.cudnn_benchmark:
+        os.environ["CUDAMEM_WORKLOAD_CUDNN_BENCHMARK"] = "1"
+    if args.alternate:
+        names = args.only.split(",") if args.only else WORKLOADS
+        plan = [(w, v if i == 1 else f"{v}#{i}") for i in range(1, args.alternate + 1) for w in names
+                for v in ("native", "cudamem")]
+    else:
+        plan = [(w, v) for w, v in PLAN if args.only is None or w in args.only.split(",")]
     start = time.perf_counter()
     results = []
     for workload, variant in plan:
@@ -106,7 +117,8 @@ def main():
                   f"  peak reserved {gb(r['peak_reserved'])} GB  device allocs {r.get('num_device_alloc')}"
                   f"  process {r['process_s']:.1f} s  losses {[round(v, 6) for v in r['losses'][:12]]}", flush=True)
     order = {v: i for i, v in enumerate(["native", "cudamem", "cudamem:pytorch", "native#2"])}
-    results.sort(key=lambda r: (WORKLOADS.index(r["workload"]), order.get(r["variant"], 9)))
+    results.sort(key=lambda r: (WORKLOADS.index(r["workload"]), r["variant"].split("#")[0] != "native",
+                                order.get(r["variant"], 9), r["variant"]))
     md = table(results)
     print()
     print(md)
