@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# PyTorch's own allocator tests (its test/test_cuda.py) with torch's allocator and with cudamem,
+# on the GPU machine (one H200, Python 3.12, torch 2.11, pytest; no network). PyTorch's file is
+# not part of this repository: it lies in gpu-out/pytorch-tests/ (git-ignored), or in
+# $PYTORCH_TESTS_DIR. From the repository root, with the wheel installed to a folder on PYTHONPATH:
+#     python3 -m pip install -q --no-index --no-deps --target "${TMPDIR:-/tmp}/site" gpu-out/cudamem-*.whl
+#     PYTHONPATH="${TMPDIR:-/tmp}/site" bash scripts/gpu/torch/pytorch_tests.sh
+# Environment passes through, e.g. PYTORCH_TEST_CUDA_MEM_LEAK_CHECK=1 adds torch's leak check to
+# every test (off unless set). The stored test_cuda.py predates torch 2.11: the plugin fills in the
+# names it imports that 2.11 lacks (listed in the log), so tests relying on those fail in both runs.
+# Steps:
+#   (1) load cudamem's native allocator once outside pytest (compiles it if not cached; errors show here)
+#   (2) collect test_cuda.py's ids (--collect-only -q) and keep the allocator-related names
+#   (3) run them with torch's allocator, then (4) with cudamem installed by cudamem_pytest_plugin
+#       before collection; each pytest process under `timeout`, each test under a 60 s watchdog
+#       (a hang or crash costs that test and pytest restarts on the rest)
+#   (5) the table (test, native, cudamem) and the summary
+# The whole run stays within $PYTORCH_TESTS_BUDGET_S seconds (default 470).
+# Output: the log on stdout; with $OUT set, $OUT/pytorch-tests.txt (the log),
+# $OUT/pytorch-tests.json and $OUT/pytorch-tests-<phase>.log (pytest's own output).
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+here=scripts/gpu/torch
+
+main() {
+    start=$(date +%s)
+    step() { echo; echo "===== $1  (t=$(( $(date +%s) - start ))s)"; }
+    tests=${PYTORCH_TESTS_DIR:-gpu-out/pytorch-tests}
+    [ -f "$tests/test_cuda.py" ] || { echo "no $tests/test_cuda.py: fetch PyTorch's test/test_cuda.py there first"; return 1; }
+    python3 -c 'import cudamem' 2>/dev/null || {
+        echo "cudamem is not importable: install the wheel to a folder and put it on PYTHONPATH (see the top of this script)"
+        return 1
+    }
+    python3 -c 'import pytest' 2>/dev/null || { echo "pytest is not installed"; return 1; }
+    python3 -c 'import sys, torch, pytest, cudamem; print("python", sys.version.split()[0], "torch", torch.__version__,
+        "cuda", torch.version.cuda, "pytest", pytest.__version__, "cudamem", getattr(cudamem, "__version__", "?"), "from", cudamem.__file__)'
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    echo "test file: $tests/test_cuda.py ($(wc -c < "$tests/test_cuda.py") bytes)"
+    # The plugin must be importable from pytest's working directory (a scratch one: tests write files there).
+    export PYTHONPATH="$(pwd)/$here${PYTHONPATH:+:$PYTHONPATH}"
+    # Only our plugin: an auto-loaded third-party plugin could touch CUDA before install().
+    export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+    unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF CUDAMEM_TORCH_NATIVE
+    work=$(mktemp -d "${TMPDIR:-/tmp}/pytorch-tests.XXXXXX")
+    budget=${PYTORCH_TESTS_BUDGET_S:-470}
+
+    step "(1) cudamem's native allocator, outside pytest"
+    timeout 180 python3 - <<'PY' || { echo "cudamem.torch.install(native=True) FAILED: no point running the tests with cudamem"; return 1; }
+import torch
+import cudamem.torch
+cudamem.torch.install(native=True)
+x = torch.ones(1 << 20, device="cuda")
+print("install_mode():", cudamem.torch.install_mode(), " a CUDA tensor:", x.sum().item(), "allocated:", torch.cuda.memory_allocated())
+PY
+
+    step "(2)-(5) collect, run with torch's allocator, run with cudamem, compare"
+    python3 - "$tests" "$work" "$(( start + budget ))" "${OUT:-}" <<'PY'
+import json, os, re, subprocess, sys, time
+
+tests, work, deadline, out = os.path.abspath(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+test_file = os.path.join(tests, "test_cuda.py")
+per_test = float(os.environ.get("CUDAMEM_PYTEST_TEST_TIMEOUT", "60"))
+SELECT = re.compile(r"memory|caching_allocator|allocator|graph|mempool|mem_pool|snapshot|memory_stats"
+                    r"|empty_cache|record_stream|fraction|expandable|cudnn", re.I)
+
+
+def pytest(phase, args, install, limit):
+    """One pytest process under `timeout`; returns (rc, events, seconds). Its output goes to a log."""
+    events = os.path.join(work, f"{phase}.events")
+    cwd = os.path.join(work, f"{phase}.cwd")
+    os.makedirs(cwd, exist_ok=True)
+    env = dict(os.environ, CUDAMEM_PYTEST_EVENTS=events, CUDAMEM_PYTEST_INSTALL="1" if install else "0",
+               CUDAMEM_PYTEST_TEST_TIMEOUT=str(per_test))
+    cmd = ["timeout", "-k", "10", str(max(1, int(limit))), sys.executable, "-m", "pytest",
+           "-p", "cudamem_pytest_plugin", "-p", "no:cacheprovider", "--rootdir", tests] + args
+    t0 = time.time()
+    with open(os.path.join(work, f"{phase}.log"), "a") as log:
+        log.write(f"\n$ {' '.join(cmd[:12])} ... ({len(args)} args)\n")
+        log.flush()
+        rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    evs = []
+    if os.path.exists(events):
+        for line in open(events):
+            try:
+                evs.append(json.loads(line))
+            except ValueError:
+                pass
+        os.rename(events, events + f".{int(t0 * 1000)}")
+    return rc, evs, time.time() - t0
+
+
+def tail(phase, n=25):
+    path = os.path.join(work, f"{phase}.log")
+    lines = open(path, errors="replace").read().splitlines() if os.path.exists(path) else []
+    print(f"--- last {min(n, len(lines))} lines of pytest's output ({phase}):")
+    for ln in lines[-n:]:
+        print("    " + ln[:240])
+
+
+# (2) collect, with torch's allocator
+rc, evs, secs = pytest("collect", ["--collect-only", "-q", test_file], False, min(120, deadline - time.time() - 60))
+collected = next((e["ids"] for e in evs if e["ev"] == "collected"), [])
+print(f"collection: {len(collected)} tests in {secs:.0f}s (pytest rc={rc})")
+for e in evs:
+    if e["ev"] == "configure":
+        print("filled in for this torch:", ", ".join(e.get("compat") or []) or "nothing")
+if not collected:
+    tail("collect", 40)
+selected = [i for i in collected if SELECT.search(i.split("::")[-1])]
+print(f"selected {len(selected)} of {len(collected)} (test name matches {SELECT.pattern}):")
+for i in selected:
+    print("   ", i)
+
+
+def run(mode, ids, until):
+    """Runs ids in one pytest process, again on the rest after a hang or crash, until `until`."""
+    results, remaining, attempt = {}, list(ids), 0
+    install_modes = set()
+    while remaining:
+        left = until - time.time()
+        if left < 20:
+            for i in remaining:
+                results[i] = ("not run", "time budget spent")
+            break
+        rc, evs, secs = pytest(mode, ["-v", "--tb=short"] + [os.path.join(tests, i) for i in remaining],
+                               mode == "cudamem", left)
+        started = [e["id"] for e in evs if e["ev"] == "start"]
+        start_t = {e["id"]: e["t"] for e in evs if e["ev"] == "start"}
+        conf = [e for e in evs if e["ev"] == "configure"]
+        install_modes.update(str(e.get("install_mode")) for e in conf)
+        for e in evs:
+            if e["ev"] == "result" and e["id"] in remaining:
+                results[e["id"]] = (e["outcome"], e.get("msg", ""))
+        print(f"  {mode} pytest #{attempt + 1}: rc={rc}, {secs:.0f}s, {len(started)} started, "
+              f"{sum(1 for e in evs if e['ev'] == 'result')} finished")
+        remaining = [i for i in remaining if i not in results]
+        if not remaining:
+            break
+        hung = [i for i in started if i not in results]
+        if hung:
+            # The process ended inside this test: the watchdog (timeout), `timeout`, or a crash.
+            culprit = hung[-1]
+            ran = time.time() - start_t.get(culprit, time.time())
+            kind = "timeout" if rc in (124, 137) or ran >= per_test - 1 else "crash"
+            results[culprit] = (kind, f"pytest rc={rc} after {ran:.0f}s in this test")
+            remaining.remove(culprit)
+        else:
+            # Nothing started: pytest could not configure or collect (see its output).
+            why = "cudamem install failed" if conf and conf[0].get("error") else f"pytest rc={rc}, no test started"
+            for i in remaining:
+                results[i] = ("error", why)
+            tail(mode, 40)
+            break
+        attempt += 1
+    if mode == "cudamem" and install_modes != {"native"}:
+        print(f"  WARNING: cudamem install_mode() in the pytest processes: {sorted(install_modes)}")
+    return results, sorted(install_modes)
+
+
+native = cudamem = {}
+modes = {}
+if selected:
+    now = time.time()
+    # Half of what is left each, keeping some seconds for the report.
+    half = now + (deadline - now - 10) / 2
+    print("\n(3) torch's allocator")
+    native, modes["native"] = run("native", selected, half)
+    print("\n(4) cudamem installed")
+    cudamem, modes["cudamem"] = run("cudamem", selected, deadline - 10)
+    for m in ("native", "cudamem"):
+        tail(m, 12)
+
+print("\n(5) results")
+w = max([len(i) for i in selected] + [20])
+print(f"{'test':<{w}}  {'native':<9} {'cudamem':<9}")
+for i in selected:
+    n, c = native.get(i, ("-", ""))[0], cudamem.get(i, ("-", ""))[0]
+    print(f"{i:<{w}}  {n:<9} {c:<9}")
+    if c != n and c != "passed":
+        print(f"{'':<{w}}    cudamem: {cudamem.get(i, ('', ''))[1][:200]}")
+    if n not in ("passed", "skipped") and n != c:
+        print(f"{'':<{w}}    native: {native.get(i, ('', ''))[1][:200]}")
+passed_native = [i for i in selected if native.get(i, ("",))[0] == "passed"]
+both = [i for i in passed_native if cudamem.get(i, ("",))[0] == "passed"]
+regressions = [i for i in passed_native if i not in both]
+only_cudamem = [i for i in selected if cudamem.get(i, ("",))[0] == "passed" and i not in passed_native]
+counts = {m: {} for m in ("native", "cudamem")}
+for m, res in (("native", native), ("cudamem", cudamem)):
+    for o, _ in res.values():
+        counts[m][o] = counts[m].get(o, 0) + 1
+print(f"\noutcomes: native {counts['native']}; cudamem {counts['cudamem']}")
+print(f"SUMMARY: {len(selected)} selected; {len(passed_native)} passed with torch's allocator; "
+      f"{len(both)} of those passed with cudamem; passing natively but not with cudamem: "
+      + (", ".join(f"{i} ({cudamem.get(i, ('-',))[0]})" for i in regressions) or "none"))
+if only_cudamem:
+    print("passing with cudamem but not natively:", ", ".join(only_cudamem))
+if out:
+    json.dump({"selected": selected, "collected": len(collected), "install_modes": modes,
+               "native": {i: list(v) for i, v in native.items()},
+               "cudamem": {i: list(v) for i, v in cudamem.items()},
+               "passed_native": passed_native, "passed_both": both, "regressions": regressions},
+              open(os.path.join(out, "pytorch-tests.json"), "w"), indent=1)
+    for phase in ("collect", "native", "cudamem"):
+        src = os.path.join(work, f"{phase}.log")
+        if os.path.exists(src):
+            with open(os.path.join(out, f"pytorch-tests-{phase}.log"), "w") as f:
+                f.write(open(src, errors="replace").read())
+                stacks = os.path.join(work, f"{phase}.events.stacks")  # the watchdog's dumps
+                if os.path.exists(stacks):
+                    f.write("\n===== per-test watchdog\n" + open(stacks, errors="replace").read())
+sys.exit(1 if regressions or not selected else 0)
+PY
+    rc=$?
+    step "done (rc=$rc)"
+    rm -rf "$work"
+    return $rc
+}
+
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    main 2>&1 | tee "$OUT/pytorch-tests.txt"
+    exit "${PIPESTATUS[0]}"
+fi
+main
