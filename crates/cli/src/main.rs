@@ -64,8 +64,8 @@ enum Command {
     Replay {
         /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
         trace: PathBuf,
-        /// Policy: cudamem, pytorch, pytorch-expandable.
-        #[arg(long, default_value = "cudamem")]
+        /// The policy (one of those the help lists).
+        #[arg(long, default_value = "cudamem", help = policy_help("The policy", false))]
         policy: String,
         /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
         #[arg(long)]
@@ -94,7 +94,7 @@ enum Command {
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Comma-separated policies.
-        #[arg(long, default_value = "pytorch,pytorch-expandable,cudamem")]
+        #[arg(long, alias = "policy", default_value = DEFAULT_POLICIES, help = policy_help("Comma-separated policies", true))]
         policies: String,
         /// Allocator settings applied to every run.
         #[arg(long)]
@@ -115,7 +115,7 @@ enum Command {
         /// The trace file.
         trace: PathBuf,
         /// Comma-separated policies.
-        #[arg(long, default_value = "pytorch,pytorch-expandable,cudamem")]
+        #[arg(long, alias = "policies", default_value = DEFAULT_POLICIES, help = policy_help("Comma-separated policies", true))]
         policy: String,
         /// Allocator settings over the trace's own.
         #[arg(long)]
@@ -231,6 +231,20 @@ fn load(path: &std::path::Path) -> Result<Trace, String> {
     cudamem_trace::read_path(path).map_err(|e| e.to_string())
 }
 
+/// What `compare` and `fit` run when no policy is named: PyTorch's two configurations and the
+/// default policy (`cudamem-compact` trades time for memory and is asked for by name).
+const DEFAULT_POLICIES: &str = "pytorch,pytorch-expandable,cudamem";
+
+/// A policy option's help, listing the policies the registry knows.
+pub(crate) fn policy_help(what: &str, list: bool) -> String {
+    let known = cudamem_alloc::policy::POLICY_NAMES.join(", ");
+    if list {
+        format!("{what}: any of {known} (also accepted as --policy/--policies)")
+    } else {
+        format!("{what}: one of {known}")
+    }
+}
+
 fn policies(list: &str) -> Result<Vec<String>, String> {
     let v: Vec<String> = list
         .split(',')
@@ -305,7 +319,9 @@ struct ReplayArgs {
 }
 
 fn cmd_replay(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResult {
-    policies(&a.policy)?;
+    if policies(&a.policy)?.len() > 1 {
+        return Err(format!("replay takes one policy, not '{}' (compare replays several)", a.policy).into());
+    }
     if a.device != "sim" && a.capacity.is_some() {
         return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
     }

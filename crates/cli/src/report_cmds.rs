@@ -59,9 +59,8 @@ pub enum ReportCommand {
         /// Output HTML file.
         #[arg(short = 'o', long = "output", default_value = "report.html")]
         output: PathBuf,
-        /// Show the replay of this policy (pytorch, pytorch-expandable, cudamem) instead of
-        /// the recorded allocator.
-        #[arg(long)]
+        /// Show the replay of this policy instead of the recorded allocator.
+        #[arg(long, help = crate::policy_help("Show the replay of this policy instead of the recorded allocator", false))]
         policy: Option<String>,
         /// Allocator settings over the trace's own for --policy (PYTORCH_CUDA_ALLOC_CONF syntax).
         #[arg(long, requires = "policy")]

@@ -244,3 +244,33 @@ fn compare_keeps_its_columns_aligned_with_a_long_trace_name() {
         }
     }
 }
+
+#[test]
+fn every_policy_option_lists_the_registrys_policies_and_takes_either_spelling() {
+    for cmd in ["replay", "compare", "fit", "viz"] {
+        let out = cudamem(&[cmd, "--help"]);
+        assert!(out.status.success());
+        let help = String::from_utf8_lossy(&out.stdout);
+        for name in cudamem_alloc::policy::POLICY_NAMES {
+            assert!(help.contains(name), "{cmd} --help does not list {name}:\n{help}");
+        }
+    }
+    let trace = data("seed_example.pickle.gz");
+    let trace = trace.to_str().unwrap();
+    let rows = json_rows(&cudamem(&[
+        "compare",
+        trace,
+        "--policy",
+        "pytorch,cudamem-compact",
+        "--repeats",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["policy"], "cudamem-compact");
+    let rows = json_rows(&cudamem(&["fit", trace, "--policies", "pytorch,cudamem", "--json"]));
+    assert_eq!(rows.len(), 2);
+    let out = cudamem(&["replay", trace, "--policy", "pytorch,cudamem"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("replay takes one policy"));
+}
