@@ -40,6 +40,10 @@
 //!   stream). Events come from a pool (created with `CU_EVENT_DISABLE_TIMING`, reused after
 //!   [`destroy_event`](Device::destroy_event), destroyed when the device is dropped); an
 //!   [`EventId`] carries the raw `CUevent` value.
+//! * **Host copies** (`copy_to_host`/`copy_from_host`, with which sleeping tags offload and
+//!   restore their bytes) are synchronous `cuMemcpyDtoH_v2`/`cuMemcpyHtoD_v2` on the primary
+//!   context, refused (`InvalidArgument`, no driver call) unless the range lies in one segment or
+//!   a contiguous run of mappings of this device.
 //! * **Counters** ([`DeviceCounters`]) are kept with atomics, counting exactly what
 //!   [`cudamem_device::sim::SimDevice`] counts.
 //!
@@ -605,6 +609,34 @@ impl CudaDevice {
         check(r, "cuMemsetD8Async")
     }
 
+    /// Whether `[ptr, +len)` is backed memory this device handed out: inside one of its
+    /// segments, or covered by a contiguous run of its mappings.
+    fn check_backed(&self, what: &str, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        let bad =
+            || DeviceError::InvalidArgument(format!("{what} of [{ptr:#x}, +{len}) is not memory this device backs"));
+        let end = ptr.checked_add(len).ok_or_else(bad)?;
+        if lock(&self.segments).iter().any(|(&a, &l)| a <= ptr && end <= a + l) {
+            return Ok(());
+        }
+        let vmm = lock(&self.vmm);
+        let mut at = ptr;
+        if let Some((&a, m)) = vmm.mappings.range(..=ptr).next_back() {
+            if a + m.size > ptr {
+                at = a + m.size;
+            }
+        }
+        while at < end {
+            match vmm.mappings.get(&at) {
+                Some(m) if at > ptr => at += m.size,
+                _ => return Err(bad()),
+            }
+        }
+        if at == ptr {
+            return Err(bad());
+        }
+        Ok(())
+    }
+
     /// Bytes currently mapped by this device.
     pub fn mapped_bytes(&self) -> u64 {
         lock(&self.vmm).mappings.values().map(|m| m.size).sum()
@@ -980,6 +1012,28 @@ impl Device for CudaDevice {
         check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
         bump(&self.counters.synchronizes, 1);
         Ok(())
+    }
+
+    fn copy_to_host(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.check_backed("copy to host", ptr, dst.len() as u64)?;
+        // SAFETY: the range lies in memory this device backs now (checked above); reading it
+        // cannot disturb anyone, and the driver orders the copy after prior work on the legacy
+        // default stream.
+        unsafe { self.copy_from_device(dst, ptr) }
+    }
+
+    fn copy_from_host(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.check_backed("copy from host", ptr, src.len() as u64)?;
+        // SAFETY: the range lies in memory this device handed out and backs now (checked
+        // above); the trait's contract makes the caller (the allocator, restoring its own
+        // blocks) ensure that no pending work uses it.
+        unsafe { self.copy_to_device(ptr, src) }
     }
 
     fn counters(&self) -> DeviceCounters {

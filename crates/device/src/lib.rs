@@ -9,7 +9,9 @@
 //!   `cuMemMap` + `cuMemSetAccess`, `cuMemUnmap` + `cuMemRelease`); used by expandable segments;
 //! * **streams and events** — record an event on a stream and ask whether it completed
 //!   (`cuEventRecord`/`cuEventQuery`), which is how `record_stream` knows a block is safe to reuse;
-//! * **`mem_get_info`** — free and total bytes, as `cudaMemGetInfo` reports them.
+//! * **`mem_get_info`** — free and total bytes, as `cudaMemGetInfo` reports them;
+//! * **copies** between device memory it handed out and host memory (`cuMemcpyDtoH`/`HtoD`),
+//!   with which sleeping tags offload their bytes and get them back.
 //!
 //! Two implementations exist: [`sim::SimDevice`] (this crate; deterministic, with fault
 //! injection and caller-controlled events) and the CUDA device (crate `cudamem-cuda`).
@@ -161,4 +163,20 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Counters of the calls made so far.
     fn counters(&self) -> DeviceCounters;
+
+    /// Copies `dst.len()` bytes of device memory at `ptr` into `dst` (`cuMemcpyDtoH`,
+    /// synchronous). The range must lie in memory this device handed out and that is backed now
+    /// (a segment, or mapped pages); anything else is [`DeviceError::InvalidArgument`]. A device
+    /// without copies answers [`DeviceError::Unavailable`].
+    fn copy_to_host(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let _ = (ptr, dst);
+        Err(DeviceError::Unavailable(format!("{} has no host copies", self.name())))
+    }
+
+    /// Copies `src` to device memory at `ptr` (`cuMemcpyHtoD`, synchronous), with the same
+    /// rules as [`Device::copy_to_host`]. The caller makes sure no pending work uses the range.
+    fn copy_from_host(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        let _ = (ptr, src);
+        Err(DeviceError::Unavailable(format!("{} has no host copies", self.name())))
+    }
 }

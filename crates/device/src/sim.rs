@@ -12,10 +12,17 @@
 //! * **Events** complete when the caller says so ([`EventMode::Manual`]: [`SimDevice::complete_stream`],
 //!   [`SimDevice::complete_all`]) or at once ([`EventMode::Immediate`], the default). A
 //!   synchronisation completes what it waits for, as on hardware.
-//! * **Faults**: a [`FaultPlan`] makes chosen or random `malloc`, `map` and event-query calls fail.
+//! * **Faults**: a [`FaultPlan`] makes chosen or random `malloc`, `map`, event-query and copy
+//!   calls fail.
+//! * **Bytes**: memory holds bytes only where they were written ([`SimDevice::write`],
+//!   [`Device::copy_from_host`]), stored sparsely in chunks of at most 4 KiB; unwritten bytes of
+//!   backed memory read as zero. Freeing a segment or unmapping pages drops their bytes, so pages
+//!   mapped anew read as zero, as fresh physical memory may on a GPU. Reads and writes must lie
+//!   in backed memory (a live segment, or a contiguous run of mappings of one reservation).
 //!
-//! Invariant (checked by [`SimDevice::check`]): `used == sum(live segments) + mapped pages ×
-//! granularity <= capacity`, and no two live ranges (segments or reservations) overlap.
+//! Invariants (checked by [`SimDevice::check`]): `used == sum(live segments) + mapped pages ×
+//! granularity <= capacity`, no two live ranges (segments or reservations) overlap, and every
+//! stored chunk of bytes lies in backed memory.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -56,6 +63,8 @@ pub enum FaultOp {
     Map,
     /// `query_event` (cuEventQuery); the failure is reported as a driver error.
     QueryEvent,
+    /// `copy_to_host` and `copy_from_host` (cuMemcpyDtoH/HtoD), counted together.
+    Copy,
 }
 
 /// Which device calls fail on purpose.
@@ -170,6 +179,8 @@ struct SimState {
     op_calls: HashMap<FaultOp, u64>,
     rng: u64,
     counters: DeviceCounters,
+    /// Bytes written, by chunk number (address / chunk size); see the module documentation.
+    bytes: BTreeMap<u64, Box<[u8]>>,
 }
 
 /// A simulated GPU. See the [module documentation](self).
@@ -256,9 +267,118 @@ impl SimDevice {
         self.lock().events.len()
     }
 
+    /// Bytes per stored chunk: 4 KiB, or less where the granularity is smaller, so that no
+    /// chunk straddles two mappings.
+    fn chunk(&self) -> u64 {
+        1 << self.config.granularity.trailing_zeros().min(12)
+    }
+
+    /// Writes `src` at `ptr` (a test's stand-in for a kernel writing device memory).
+    pub fn write(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        self.store(&mut s, ptr, src)
+    }
+
+    /// Reads `len` bytes at `ptr`; unwritten bytes read as zero.
+    pub fn read(&self, ptr: DevicePtr, len: u64) -> Result<Vec<u8>, DeviceError> {
+        let len = usize::try_from(len).map_err(|_| DeviceError::InvalidArgument(format!("read of {len} bytes")))?;
+        let mut out = vec![0; len];
+        let s = self.lock();
+        self.load(&s, ptr, &mut out)?;
+        Ok(out)
+    }
+
+    /// Bytes held in stored chunks (what the sparse byte store costs).
+    pub fn stored_bytes(&self) -> u64 {
+        self.lock().bytes.len() as u64 * self.chunk()
+    }
+
+    /// Whether `[ptr, ptr+len)` is backed now: inside one live segment, or covered by a
+    /// contiguous run of mappings of one reservation.
+    fn backed(s: &SimState, ptr: DevicePtr, len: u64) -> Result<(), DeviceError> {
+        let end = ptr
+            .checked_add(len)
+            .ok_or_else(|| DeviceError::InvalidArgument(format!("[{ptr:#x}, +{len}) wraps around")))?;
+        if s.segments.iter().any(|(&a, &l)| a <= ptr && end <= a + l) {
+            return Ok(());
+        }
+        if let Some((&base, r)) = s.reservations.range(..=ptr).next_back() {
+            if end <= base + r.size {
+                let mut at = ptr;
+                let i = r.mappings.partition_point(|m| m.0 + m.1 <= ptr);
+                for &(a, l) in &r.mappings[i..] {
+                    if a > at || at >= end {
+                        break;
+                    }
+                    at = a + l;
+                }
+                if at >= end {
+                    return Ok(());
+                }
+            }
+        }
+        Err(DeviceError::InvalidArgument(format!(
+            "[{ptr:#x}, +{len}) is not backed device memory of this device"
+        )))
+    }
+
+    fn store(&self, s: &mut SimState, ptr: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        Self::backed(s, ptr, src.len() as u64)?;
+        let c = self.chunk();
+        let mut done = 0usize;
+        while done < src.len() {
+            let at = ptr + done as u64;
+            let (key, off) = (at / c, (at % c) as usize);
+            let n = (c as usize - off).min(src.len() - done);
+            let chunk = s
+                .bytes
+                .entry(key)
+                .or_insert_with(|| vec![0; c as usize].into_boxed_slice());
+            chunk[off..off + n].copy_from_slice(&src[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn load(&self, s: &SimState, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        Self::backed(s, ptr, dst.len() as u64)?;
+        let c = self.chunk();
+        let mut done = 0usize;
+        while done < dst.len() {
+            let at = ptr + done as u64;
+            let (key, off) = (at / c, (at % c) as usize);
+            let n = (c as usize - off).min(dst.len() - done);
+            match s.bytes.get(&key) {
+                Some(chunk) => dst[done..done + n].copy_from_slice(&chunk[off..off + n]),
+                None => dst[done..done + n].fill(0),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Drops the stored bytes of `[ptr, ptr+len)` (its memory was released).
+    fn forget(&self, s: &mut SimState, ptr: DevicePtr, len: u64) {
+        let c = self.chunk();
+        let keys: Vec<u64> = s
+            .bytes
+            .range(ptr / c..(ptr + len).div_ceil(c))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            s.bytes.remove(&k);
+        }
+    }
+
     /// Checks the device's invariants; returns a description of the first broken one.
     pub fn check(&self) -> Result<(), String> {
         let s = self.lock();
+        let c = self.chunk();
+        for &k in s.bytes.keys() {
+            if Self::backed(&s, k * c, 1).is_err() {
+                return Err(format!("stored bytes at {:#x} lie in memory that is not backed", k * c));
+            }
+        }
         let seg: u64 = s.segments.values().sum();
         let mapped: u64 = s.reservations.values().map(Reservation::mapped_bytes).sum();
         let expect = seg + mapped;
@@ -399,6 +519,7 @@ impl Device for SimDevice {
         }
         s.segments.remove(&ptr);
         s.used -= size;
+        self.forget(&mut s, ptr, size);
         Self::give_va(&mut s, ptr, size);
         s.counters.frees += 1;
         Ok(())
@@ -510,6 +631,7 @@ impl Device for SimDevice {
         }
         r.mappings.drain(first..k);
         s.used -= size;
+        self.forget(&mut s, ptr, size);
         s.counters.unmaps += 1;
         s.counters.pages_unmapped += size / g;
         Ok(())
@@ -573,6 +695,22 @@ impl Device for SimDevice {
     fn counters(&self) -> DeviceCounters {
         self.lock().counters
     }
+
+    fn copy_to_host(&self, ptr: DevicePtr, dst: &mut [u8]) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        if Self::inject(&mut s, FaultOp::Copy) {
+            return Err(DeviceError::Injected { op: "copy" });
+        }
+        self.load(&s, ptr, dst)
+    }
+
+    fn copy_from_host(&self, ptr: DevicePtr, src: &[u8]) -> Result<(), DeviceError> {
+        let mut s = self.lock();
+        if Self::inject(&mut s, FaultOp::Copy) {
+            return Err(DeviceError::Injected { op: "copy" });
+        }
+        self.store(&mut s, ptr, src)
+    }
 }
 
 #[cfg(test)]
@@ -626,6 +764,47 @@ mod tests {
         d.release_reservation(base, 64 << 20).unwrap();
         let c = d.counters();
         assert_eq!((c.maps, c.unmaps, c.pages_mapped, c.pages_unmapped), (1, 1, 2, 2));
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn bytes_round_trip_and_die_with_their_memory() {
+        let d = SimDevice::default();
+        let g = d.granularity();
+        let base = d.reserve(8 * g).unwrap();
+        assert!(d.write(base, b"x").is_err(), "unmapped memory holds no bytes");
+        d.map(base, g).unwrap();
+        d.map(base + g, g).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let at = base + g - 5000; // straddles the two mappings
+        d.write(at, &data).unwrap();
+        assert_eq!(d.read(at, data.len() as u64).unwrap(), data);
+        let mut out = vec![0; 100];
+        d.copy_to_host(at, &mut out).unwrap();
+        assert_eq!(out, data[..100]);
+        assert_eq!(
+            d.read(base + 2 * g - 8, 8).unwrap(),
+            vec![0; 8],
+            "unwritten bytes read as zero"
+        );
+        assert!(
+            d.read(base + 2 * g - 8, 16).is_err(),
+            "a read past the mappings is refused"
+        );
+        d.unmap(base + g, g).unwrap();
+        d.map(base + g, g).unwrap();
+        assert_eq!(d.read(base + g, 8).unwrap(), vec![0; 8], "new pages hold no old bytes");
+        assert_eq!(d.read(at, 8).unwrap(), data[..8], "the other mapping keeps its bytes");
+        let seg = d.malloc(1 << 20).unwrap();
+        d.copy_from_host(seg + 7, b"abc").unwrap();
+        assert_eq!(d.read(seg + 6, 5).unwrap(), b"\0abc\0");
+        d.free(seg, 1 << 20).unwrap();
+        d.unmap(base, 2 * g).unwrap();
+        assert_eq!(d.stored_bytes(), 0);
+        d.set_faults(FaultPlan::default().fail_nth(FaultOp::Copy, 1));
+        d.map(base, g).unwrap();
+        assert!(d.copy_from_host(base, b"a").is_err());
+        d.copy_from_host(base, b"a").unwrap();
         d.check().unwrap();
     }
 
