@@ -7,7 +7,9 @@
 # What it installs when missing, each announced before it starts: Debian's chromium and
 # fonts-dejavu-core (apt-get, needs root; scripts/viz/browser-test.sh), cargo-fuzz
 # (cargo install, into ~/.cargo/bin; scripts/fuzz.sh), and a virtual environment in
-# target/pyenv with maturin and pytest from PyPI (python/build_and_test.sh).
+# target/pyenv with maturin and pytest from PyPI (python/build_and_test.sh); it also downloads,
+# once, the torch and CUDA runtime wheels (about 550 MB) whose headers it unpacks into
+# target/torch-headers (scripts/torch-headers.sh; nothing of them is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,11 +46,13 @@ if [ ! -x "$venv/bin/python" ]; then
 elif ! "$venv/bin/python" -c 'import pytest' 2>/dev/null || [ ! -x "$venv/bin/maturin" ]; then
     installs+=("maturin and pytest from PyPI into $venv, for phase 4")
 fi
+[ -f "target/torch-headers/torch-${TORCH_VERSION:-2.11.0}.ok" ] ||
+    installs+=("the torch ${TORCH_VERSION:-2.11.0} and CUDA runtime wheels, downloaded with pip (about 550 MB), headers unpacked into target/torch-headers (not installed), for phase 4")
 if [ ${#installs[@]} -gt 0 ]; then
-    echo "It will install:"
+    echo "It will install or download:"
     printf '  - %s\n' "${installs[@]}"
 else
-    echo "Nothing to install: chromium, cargo-fuzz and $venv are present."
+    echo "Nothing to install: chromium, cargo-fuzz, $venv and the torch headers are present."
 fi
 
 phase "Rust workspace tests (cargo test --workspace --profile ci)"
