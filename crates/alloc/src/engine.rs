@@ -36,7 +36,9 @@ use crate::segment::{Backing, Segment, SegmentTable};
 use crate::stats::{Array, DeviceStats, NoSink, StatSink, OVERSIZE_ALLOCATIONS, OVERSIZE_SEGMENTS};
 
 mod private_pools;
+mod tags;
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
+pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
 pub const ONE_EXABYTE: u64 = 1 << 60;
@@ -102,6 +104,8 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) sink: S,
     /// CUDA-graph and `MemPool` pools (see [`private_pools`]).
     pub(crate) private: private_pools::PrivatePools,
+    /// Tagged pools, which can sleep and wake (see [`tags`]).
+    pub(crate) tags: tags::Tags,
 }
 
 /// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
@@ -124,6 +128,7 @@ impl<S: StatSink> Engine<S> {
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig, policy: Box<dyn Policy>) -> Self {
         let pools: Vec<Pool> = policy.pools().iter().map(|p| Pool::new(p.is_small)).collect();
         let private = private_pools::PrivatePools::new(pools.len());
+        let tags = tags::Tags::new(pools.len());
         let mut e = Engine {
             stats: DeviceStats::new(config.max_split_size),
             device,
@@ -142,6 +147,7 @@ impl<S: StatSink> Engine<S> {
             reclaim_watermark: 0,
             sink: S::default(),
             private,
+            tags,
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;
@@ -242,6 +248,9 @@ impl<S: StatSink> Engine<S> {
     /// Allocates `orig_size` bytes usable on `stream`. A size of 0 returns address 0 and changes
     /// nothing, as PyTorch's allocator does.
     pub fn malloc(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
+        if self.tags.current.is_some() {
+            return self.malloc_current_tag(orig_size, stream);
+        }
         match self.try_malloc(orig_size, stream, false)? {
             Attempt::Done(p) => Ok(p),
             Attempt::NeedsDeviceRelease => unreachable!("the last resort is not deferred"),
@@ -403,6 +412,7 @@ impl<S: StatSink> Engine<S> {
         let policy = &self.policy;
         let config = &self.config;
         let blocks = &self.blocks;
+        let tags = &self.tags;
         let pool = pool_mut(&mut self.pools, req.pool);
         if gc {
             pool.get_free_blocks_call_count += 1;
@@ -416,7 +426,7 @@ impl<S: StatSink> Engine<S> {
                 let b = &blocks[id];
                 b.size + b.next.map(|n| &blocks[n]).filter(|n| !n.mapped).map_or(0, |n| n.size)
             };
-            if policy.expandable_page_size(config, req.pool).is_some() {
+            if policy.expandable_page_size(config, req.pool).is_some() || tags.is_tagged(req.pool) {
                 // Only a block followed by unmapped space can lose to a later candidate:
                 // candidates ascend in size, so any other block's expandable size (its
                 // size) is at most every later one's. Checking that first skips the look at
@@ -459,7 +469,8 @@ impl<S: StatSink> Engine<S> {
         }
         let page_size = match self.private.is_private(req.pool) {
             false => self.policy.expandable_page_size(&self.config, req.pool),
-            true => None, // private pools take whole segments, as PyTorch's do
+            // Private pools take whole segments, as PyTorch's do; tags' pools map pages.
+            true => self.tag_page_size(req.pool),
         };
         if let Some(page_size) = page_size {
             if self.policy.get().reclaim_before_growth() {
@@ -1089,7 +1100,7 @@ impl<S: StatSink> Engine<S> {
         for s in self.freeable_pools() {
             self.release_private_pool(s)?;
         }
-        Ok(())
+        self.release_awake_tags()
     }
 
     fn release_blocks(&mut self, pool: PoolId) -> Result<(), AllocError> {

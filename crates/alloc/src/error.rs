@@ -64,14 +64,15 @@ impl OutOfMemory {
             format_size(self.process_used),
             allowed,
             format_size(self.allocated),
-            format_size(self.reserved - self.allocated),
+            format_size(self.reserved.saturating_sub(self.allocated)),
         )
     }
 
     /// Share of reserved-but-unallocated bytes that the largest free block does not cover:
     /// 0 when all cached memory is one block, near 1 when it is in slivers.
     pub fn fragmentation(&self) -> f64 {
-        let cached = self.reserved - self.allocated;
+        // Sleeping tags keep their blocks allocated but not reserved: allocated may exceed it.
+        let cached = self.reserved.saturating_sub(self.allocated);
         if cached == 0 {
             0.0
         } else {

@@ -11,6 +11,8 @@
 //! 4. Every allocated block is in the pointer map under its address, and nothing else is.
 //! 5. Stats add up: allocated/active/requested bytes and counts, reserved bytes and segment
 //!    counts equal what the blocks and segments sum to; `all == small_pool + large_pool`.
+//! 6. Tags keep their rules (see [`crate::engine`]'s `tags` module): slept ranges and their
+//!    counters agree, and tags' segments are expandable.
 
 use std::collections::HashSet;
 
@@ -80,6 +82,7 @@ pub fn check<S: crate::stats::StatSink>(e: &Engine<S>) -> Result<(), String> {
     }
     check_pools(e)?;
     check_allocated(e)?;
+    e.check_tags()?;
     let s = &e.stats();
     let sum = |f: &dyn Fn(&crate::block::Block) -> i64, pred: &dyn Fn(&crate::block::Block) -> bool| {
         let mut v = [0i64; 3];

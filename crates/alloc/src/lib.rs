@@ -52,7 +52,7 @@ use std::sync::Arc;
 use cudamem_device::{Device, DevicePtr, StreamId};
 
 pub use config::AllocatorConfig;
-pub use engine::Engine;
+pub use engine::{Engine, SleepStats, TagId, TagInfo};
 pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use lock::{EngineGuard, EngineLock};
@@ -204,6 +204,47 @@ impl CachingAllocator {
         let r = e.malloc(size, stream);
         e.set_current_stack(None);
         r
+    }
+    /// Makes `tag` current (created if new) or none, returning the tag current before: every
+    /// allocation of this allocator goes to the current tag's pools, whichever thread makes it.
+    pub fn set_tag(&self, tag: Option<&str>) -> Result<Option<String>, AllocError> {
+        self.lock().set_tag(tag)
+    }
+    /// The current tag, if one is set.
+    pub fn current_tag(&self) -> Option<String> {
+        self.lock().current_tag().map(str::to_string)
+    }
+    /// Runs `f` with `tag` current, then makes the tag current before it current again.
+    pub fn with_tag<R>(&self, tag: &str, f: impl FnOnce() -> R) -> Result<R, AllocError> {
+        let before = self.set_tag(Some(tag))?;
+        let r = f();
+        self.set_tag(before.as_deref())?;
+        Ok(r)
+    }
+    /// Allocates from `tag`'s pools (created if new), whichever tag is current.
+    pub fn malloc_tagged(&self, size: u64, stream: StreamId, tag: &str) -> Result<DevicePtr, AllocError> {
+        let mut e = self.lock();
+        let t = e.tag_id(tag)?;
+        e.malloc_in_tag(size, stream, t)
+    }
+    /// Gives the device memory of the tags named (all awake ones if none) back to the device,
+    /// keeping their addresses; with `offload`, their bytes go to host memory first. See
+    /// [`engine`]'s tags module for the rules.
+    pub fn sleep(&self, tags: &[&str], offload: bool) -> Result<(), AllocError> {
+        self.lock().sleep(tags, offload)
+    }
+    /// Maps memory for the tags named (all asleep ones if none) at their old addresses and
+    /// restores offloaded bytes; on out of memory, everything stays asleep.
+    pub fn wake(&self, tags: &[&str]) -> Result<(), AllocError> {
+        self.lock().wake(tags)
+    }
+    /// The counters of sleeping memory.
+    pub fn sleep_stats(&self) -> SleepStats {
+        self.lock().sleep_stats()
+    }
+    /// Every tag's state.
+    pub fn tags(&self) -> Vec<TagInfo> {
+        self.lock().tags()
     }
     /// Checks every invariant (slow; for tests). See [`invariants`].
     pub fn check_invariants(&self) -> Result<(), String> {

@@ -24,6 +24,9 @@
 //! * Which streams a pool serves is the caller's business (PyTorch's stream filter): the
 //!   caller passes the pool's slot to [`Engine::malloc_in_pool`].
 //!
+//! Tags ([`super::tags`]) hold their pools in slots of this table, under ids whose first half
+//! is `TAG_POOL_ID`; every call here refuses those ids and slots from a caller.
+//!
 //! Checkpoints ([`Engine::pool_checkpoint`], [`Engine::restore_pool_checkpoint`]) record and
 //! restore which blocks of a pool's segments are allocated, for `torch.compile`'s CUDA-graph
 //! trees.
@@ -32,6 +35,7 @@ use std::collections::HashSet;
 
 use cudamem_device::StreamId;
 
+use super::tags::TAG_POOL_ID;
 use super::{Attempt, Engine, Request};
 use crate::block::{BlockId, PoolId};
 use crate::error::AllocError;
@@ -92,6 +96,7 @@ impl PrivatePools {
     }
 
     fn get(&self, id: MempoolId) -> Result<usize, AllocError> {
+        refuse_tag_id(id)?;
         self.find(id)
             .ok_or_else(|| AllocError::InvalidArgument(format!("no private memory pool with id ({}, {})", id.0, id.1)))
     }
@@ -159,9 +164,25 @@ pub struct CheckpointDelta {
     pub allocated: Vec<(u64, u64)>,
 }
 
+/// Refuses the ids that tags hold their pools under.
+fn refuse_tag_id(id: MempoolId) -> Result<(), AllocError> {
+    if id.0 == TAG_POOL_ID {
+        return Err(AllocError::InvalidArgument(format!(
+            "memory pool ids ({TAG_POOL_ID}, _) are reserved for tags"
+        )));
+    }
+    Ok(())
+}
+
 impl<S: StatSink> Engine<S> {
     /// Creates the private pool `id` with one use, or takes one more use of it.
     pub fn create_or_incref_pool(&mut self, id: MempoolId) -> Result<PoolSlot, AllocError> {
+        refuse_tag_id(id)?;
+        self.take_pool_slot(id)
+    }
+
+    /// [`Engine::create_or_incref_pool`] for any id, tags' included.
+    pub(crate) fn take_pool_slot(&mut self, id: MempoolId) -> Result<PoolSlot, AllocError> {
         if id == (0, 0) {
             return Err(AllocError::InvalidArgument(
                 "memory pool id (0, 0) names the default pools, not a private pool".into(),
@@ -273,7 +294,7 @@ impl<S: StatSink> Engine<S> {
     /// slot's pools.
     pub fn malloc_in_pool(&mut self, orig_size: u64, stream: StreamId, slot: PoolSlot) -> Result<u64, AllocError> {
         let s = slot.0 as usize;
-        if self.private.slots.get(s).map_or(true, Option::is_none) {
+        if (self.private.slots.get(s)).map_or(true, |p| p.as_ref().is_none_or(|p| p.id.0 == TAG_POOL_ID)) {
             return Err(AllocError::InvalidArgument(format!(
                 "no private memory pool in slot {s}"
             )));
