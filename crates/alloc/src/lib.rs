@@ -214,12 +214,18 @@ impl CachingAllocator {
     pub fn current_tag(&self) -> Option<String> {
         self.lock().current_tag().map(str::to_string)
     }
-    /// Runs `f` with `tag` current, then makes the tag current before it current again.
+    /// Runs `f` with `tag` current, then makes the tag current before it current again (also
+    /// when `f` panics).
     pub fn with_tag<R>(&self, tag: &str, f: impl FnOnce() -> R) -> Result<R, AllocError> {
-        let before = self.set_tag(Some(tag))?;
-        let r = f();
-        self.set_tag(before.as_deref())?;
-        Ok(r)
+        struct Restore<'a>(&'a CachingAllocator, Option<String>);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                // The tag was current before, so it exists: setting it cannot fail.
+                let _ = self.0.set_tag(self.1.as_deref());
+            }
+        }
+        let _restore = Restore(self, self.set_tag(Some(tag))?);
+        Ok(f())
     }
     /// Allocates from `tag`'s pools (created if new), whichever tag is current.
     pub fn malloc_tagged(&self, size: u64, stream: StreamId, tag: &str) -> Result<DevicePtr, AllocError> {
