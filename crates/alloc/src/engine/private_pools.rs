@@ -294,7 +294,7 @@ impl<S: StatSink> Engine<S> {
     /// slot's pools.
     pub fn malloc_in_pool(&mut self, orig_size: u64, stream: StreamId, slot: PoolSlot) -> Result<u64, AllocError> {
         let s = slot.0 as usize;
-        if (self.private.slots.get(s)).map_or(true, |p| p.as_ref().is_none_or(|p| p.id.0 == TAG_POOL_ID)) {
+        if (self.private.slots.get(s)).is_none_or(|p| p.as_ref().is_none_or(|p| p.id.0 == TAG_POOL_ID)) {
             return Err(AllocError::InvalidArgument(format!(
                 "no private memory pool in slot {s}"
             )));
