@@ -25,6 +25,7 @@
 //!   mapped again before anything may use them. The segments' mapping lists say what is really
 //!   mapped, so `reserved_bytes` falls by exactly what was unmapped. Should an unmap fail (a
 //!   driver error), the tag is asleep with the ranges unmapped so far, and the error is returned.
+//!   Several tags sleep one after another; a failure stops there, the earlier ones asleep.
 //! * **Wake** maps every slept range again, then restores the offloaded bytes and waits for the
 //!   device; ranges that were slept without offload come back holding whatever the new pages
 //!   hold. It is all or nothing
