@@ -59,8 +59,14 @@ phase "Rust workspace tests (cargo test --workspace --profile ci)"
 cargo test --workspace --profile ci --locked
 
 phase "The GPU tests again, with their output (without a GPU each one says SKIPPED and why)"
+gpu_log=$(mktemp)
 cargo test --profile ci --locked -p cudamem-cuda --test gpu_device -p cudamem --test gpu_allocator \
-    -- --nocapture --test-threads=1 2>&1 | grep -E "^test |SKIPPED|^test result"
+    -- --nocapture --test-threads=1 2>&1 | tee "$gpu_log" | grep -E "^test |SKIPPED|^test result"
+# A skipped GPU test passes (libtest has no "skipped" outcome); count them here instead.
+gpu_total=$(grep -cE '^test .* \.\.\. ' "$gpu_log" || true)
+gpu_skipped=$(grep -cE '^test .* \.\.\. SKIPPED' "$gpu_log" || true)
+rm -f "$gpu_log"
+echo "GPU tests: $((gpu_total - gpu_skipped)) ran on a GPU, $gpu_skipped skipped (no usable CUDA device), of $gpu_total"
 
 phase "The GPU targets' judge (scripts/gpu/targets.py) on recorded H200 outputs"
 python3 scripts/gpu/targets.py --self-test
