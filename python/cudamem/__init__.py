@@ -61,6 +61,10 @@ from . import _cudamem
 
 __all__ = [
     "OutOfMemoryError",
+    "tag",
+    "sleep",
+    "wake_up",
+    "sleep_stats",
     "malloc",
     "free",
     "record_stream",
@@ -471,3 +475,6 @@ def __getattr__(name: str):
 
         return importlib.import_module(__name__ + ".torch")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+from cudamem._sleep import sleep, sleep_stats, tag, wake_up  # noqa: E402

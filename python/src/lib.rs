@@ -37,6 +37,7 @@ pub mod history;
 pub mod native;
 pub mod registry;
 mod reports;
+mod sleep;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -69,7 +70,7 @@ fn oom_error(py: Python<'_>, message: String) -> PyErr {
     PyRuntimeError::new_err(message)
 }
 
-fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
+pub(crate) fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
     match e {
         AllocError::OutOfMemory(_) => oom_error(py, e.to_string()),
         AllocError::InvalidPointer { .. } | AllocError::InvalidArgument(_) | AllocError::Config(_) => {
@@ -79,7 +80,7 @@ fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
     }
 }
 
-fn reg_err(py: Python<'_>, e: RegistryError) -> PyErr {
+pub(crate) fn reg_err(py: Python<'_>, e: RegistryError) -> PyErr {
     match e {
         RegistryError::Alloc(a) => alloc_err(py, a),
         RegistryError::BadDevice(m) | RegistryError::BadSetting(m) => PyValueError::new_err(m),
@@ -114,7 +115,7 @@ fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem_alloc::Ca
 }
 
 /// Checks the ordinal without creating an allocator.
-fn check_device(device: i32) -> PyResult<()> {
+pub(crate) fn check_device(device: i32) -> PyResult<()> {
     registry::slot_index(device)
         .map(|_| ())
         .map_err(|e| PyValueError::new_err(e.to_string()))
@@ -563,6 +564,7 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MODE_ABORT", ffi::MODE_ABORT)?;
     m.add_function(wrap_pyfunction!(malloc, m)?)?;
     m.add_function(wrap_pyfunction!(set_allocator_settings, m)?)?;
+    sleep::register(m)?;
     m.add_function(wrap_pyfunction!(free, m)?)?;
     m.add_function(wrap_pyfunction!(record_stream, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
