@@ -349,6 +349,57 @@ def _():
     del t, u, pool
 
 
+@check("sleep and wake: tagged weights and KV cache, a graph replayed after wake", "sleep")
+def _():
+    if args.mode != "cudamem":
+        return
+    import cudamem
+
+    torch.manual_seed(0)
+    with cudamem.tag("weights"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()  # 512 MiB
+    with cudamem.tag("kv"):
+        kv = torch.randn(256 * MIB // 4, device="cuda")  # 256 MiB
+    x = torch.randn(64, 4096, device="cuda")
+    with torch.no_grad():
+        before = model(x).clone()
+        g = torch.cuda.CUDAGraph()
+        static_out = None
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(x)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            static_out = model(x)
+    kv_sum = kv.sum().item()
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    t0 = time.perf_counter()
+    cudamem.sleep(["weights", "kv"], offload=True)
+    t_sleep = time.perf_counter() - t0
+    free1, _ = torch.cuda.mem_get_info()
+    want = 768 * MIB
+    print(f"  free {free0 / 2**30:.2f} -> {free1 / 2**30:.2f} GiB (+{(free1 - free0) / MIB:.0f} MiB), sleep {t_sleep * 1e3:.0f} ms")
+    expect(free1 - free0 >= want - 2 * MIB * 10, f"free memory rose by {(free1 - free0) / MIB:.0f} MiB, want ~{want / MIB:.0f}")
+    other = torch.empty(want - 64 * MIB, dtype=torch.uint8, device="cuda")  # a second workload uses it
+    other.fill_(7)
+    del other
+    torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    cudamem.wake_up(["weights", "kv"])
+    t_wake = time.perf_counter() - t0
+    print(f"  wake {t_wake * 1e3:.0f} ms for {want / 2**30:.2f} GiB")
+    with torch.no_grad():
+        after = model(x)
+    expect(torch.equal(after, before), "outputs after wake differ from before sleep")
+    expect(kv.sum().item() == kv_sum, "the KV buffer's bytes changed")
+    g.replay()
+    torch.cuda.synchronize()
+    expect(torch.equal(static_out, before), "the graph captured before sleep computes differently after wake")
+    del g, model, kv, static_out
+
+
 # ---------------------------------------------------------------------------------------- profiler
 def profile_memory():
     torch.manual_seed(0)
