@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import hashlib
 import os
-import re
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List
 
-from cudamem import _cache
+from cudamem import _torch_build
 
 # Bumped whenever the C++ side's exported interface changes (checked at load time).
 NATIVE_SHIM_VERSION = 1
@@ -91,68 +87,22 @@ def _torch_include_paths(torch: Any) -> List[str]:
     return [str(root), str(root / "torch" / "csrc" / "api" / "include")]
 
 
-def _compiler() -> Optional[str]:
-    import shutil
-
-    cxx = os.environ.get("CXX")
-    if cxx:
-        return shutil.which(cxx) or (cxx if os.path.exists(cxx) else None)
-    return shutil.which("g++") or shutil.which("c++")
-
-
 def build_native(verbose: bool = False) -> str:
     """Compiles the native allocator class for the installed torch (once; then it comes from
     the cache) and returns the shared library's path. Raises :class:`NativeBuildError` with the
     command and the compiler's output when that fails."""
     import torch
 
-    src = native_source()
-    code = src.read_bytes()
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    key = hashlib.sha256(
-        b"\0".join([code, torch.__version__.encode(), str(abi).encode(), str(NATIVE_SHIM_VERSION).encode()])
-    ).hexdigest()[:16]
-    tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
-    name = f"torch_native-torch{tag}-{key}.so"
-    cached = _cache.cached_artifact(name)
-    if cached is not None:
-        return str(cached)
-    cxx = _compiler()
-    if cxx is None:
-        raise NativeBuildError("no C++ compiler found (looked for $CXX, g++, c++)")
-    includes = [f"-I{p}" for p in _torch_include_paths(torch) + cuda_include_dirs()]
-    torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    out_dir = _cache.ensure_private_dir(_cache.cache_dir())
-    fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=str(out_dir))
-    os.close(fd)
-    failures = []
-    try:
-        for std in ("c++17", "c++20"):
-            cmd = [
-                cxx, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                *includes, str(src), "-o", tmp,
-                f"-L{torch_lib}", "-lc10", "-lc10_cuda", "-ltorch_cuda", "-ltorch_cpu",
-                f"-Wl,-rpath,{torch_lib}",
-            ]  # fmt: skip
-            if verbose:
-                print("cudamem: compiling the native torch allocator:", " ".join(cmd), file=sys.stderr)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode == 0:
-                return str(_cache.store_artifact(Path(tmp), out_dir / name))
-            failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    note = (
-        ""
-        if version in TESTED_TORCH
-        else f" (torch {torch.__version__}'s allocator interface may differ from torch "
-        f"{', '.join(TESTED_TORCH)}'s, which cudamem's class implements)"
-    )
-    raise NativeBuildError(
-        f"compiling cudamem's native torch allocator failed{note}:\n" + "\n\n".join(failures)[-6000:]
-    )
+    what = "cudamem's native torch allocator"
+    if version not in TESTED_TORCH:
+        what += (f" (torch {torch.__version__}'s allocator interface may differ from torch "
+                 f"{', '.join(TESTED_TORCH)}'s, which cudamem's class implements)")
+    return _torch_build.build_for_torch(
+        torch, native_source(), "torch_native", NATIVE_SHIM_VERSION,
+        _torch_include_paths(torch) + cuda_include_dirs(), ["c10", "c10_cuda", "torch_cuda", "torch_cpu"],
+        NativeBuildError, what, verbose,
+    )  # fmt: skip
 
 
 def install_native(rust: ctypes.CDLL, verbose: bool = False) -> ctypes.CDLL:

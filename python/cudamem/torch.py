@@ -81,20 +81,14 @@ What changes for the rest of torch
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import cudamem
-from cudamem import _cache, _cudamem
+from cudamem import _cudamem, _torch_build
 from cudamem._cache import UntrustedCacheError
 
 __all__ = [
@@ -140,26 +134,6 @@ def shim_source() -> Path:
     return Path(__file__).resolve().parent / "_shim" / "torch_shim.cpp"
 
 
-def _compiler() -> Optional[str]:
-    cxx = os.environ.get("CXX")
-    if cxx:
-        return shutil.which(cxx) or (cxx if os.path.exists(cxx) else None)
-    return shutil.which("g++") or shutil.which("c++")
-
-
-def _torch_include_paths(torch: Any) -> List[str]:
-    try:
-        from torch.utils.cpp_extension import include_paths
-
-        paths = list(include_paths())
-        if paths:
-            return paths
-    except Exception:  # cpp_extension needs setuptools; the headers are there regardless
-        pass
-    root = Path(torch.__file__).resolve().parent / "include"
-    return [str(root), str(root / "torch" / "csrc" / "api" / "include")]
-
-
 def build_shim(verbose: bool = False) -> str:
     """Compiles the shim for the installed torch (once; then it is read from the cache) and
     returns the path of the shared library. Raises :class:`ShimBuildError` with the command and
@@ -167,45 +141,10 @@ def build_shim(verbose: bool = False) -> str:
     have been written by another user."""
     import torch
 
-    src = shim_source()
-    code = src.read_bytes()
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    key = hashlib.sha256(
-        b"\0".join([code, torch.__version__.encode(), str(abi).encode(), str(SHIM_ABI_VERSION).encode()])
-    ).hexdigest()[:16]
-    tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
-    name = f"torch_shim-torch{tag}-{key}.so"
-    cached = _cache.cached_artifact(name)
-    if cached is not None:
-        return str(cached)
-    cxx = _compiler()
-    if cxx is None:
-        raise ShimBuildError("no C++ compiler found (looked for $CXX, g++, c++)")
-    torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    includes = [f"-I{p}" for p in _torch_include_paths(torch)]
-    out_dir = _cache.ensure_private_dir(_cache.cache_dir())
-    fd, tmp = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=str(out_dir))
-    os.close(fd)
-    failures = []
-    try:
-        # PyTorch's headers have long required C++17; a newer torch may require C++20.
-        for std in ("c++17", "c++20"):
-            cmd = [
-                cxx, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                *includes, str(src), "-o", tmp,
-                f"-L{torch_lib}", "-lc10", f"-Wl,-rpath,{torch_lib}",
-            ]  # fmt: skip
-            if verbose:
-                print("cudamem: compiling the torch shim:", " ".join(cmd), file=sys.stderr)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode == 0:
-                # Atomic, with its digest: concurrent processes (ranks) may race here.
-                return str(_cache.store_artifact(Path(tmp), out_dir / name))
-            failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    raise ShimBuildError("compiling cudamem's torch shim failed:\n" + "\n\n".join(failures))
+    return _torch_build.build_for_torch(
+        torch, shim_source(), "torch_shim", SHIM_ABI_VERSION, _torch_build.torch_include_paths(torch),
+        ["c10"], ShimBuildError, "cudamem's torch shim", verbose,
+    )  # fmt: skip
 
 
 def _addr(fn: Any) -> int:

@@ -44,7 +44,8 @@ fn _set_tag(py: Python<'_>, tag: Option<&str>, device: Option<i32>) -> PyResult<
 fn _sleep(py: Python<'_>, tags: Vec<String>, offload: bool, device: Option<i32>) -> PyResult<()> {
     let names: Vec<&str> = tags.iter().map(String::as_str).collect();
     for a in targets(device)? {
-        py.allow_threads(|| a.sleep(&names, offload)).map_err(|e| crate::alloc_err(py, e))?;
+        py.allow_threads(|| a.sleep(&names, offload))
+            .map_err(|e| crate::alloc_err(py, e))?;
     }
     Ok(())
 }
@@ -55,7 +56,8 @@ fn _sleep(py: Python<'_>, tags: Vec<String>, offload: bool, device: Option<i32>)
 fn _wake(py: Python<'_>, tags: Vec<String>, device: Option<i32>) -> PyResult<()> {
     let names: Vec<&str> = tags.iter().map(String::as_str).collect();
     for a in targets(device)? {
-        py.allow_threads(|| a.wake(&names)).map_err(|e| crate::alloc_err(py, e))?;
+        py.allow_threads(|| a.wake(&names))
+            .map_err(|e| crate::alloc_err(py, e))?;
     }
     Ok(())
 }
