@@ -5,8 +5,7 @@
 //! a value is one token or a bracketed list (`roundup_power2_divisions:
 //! [1:8,256:4,>:1]`). As in PyTorch's `ConfigTokenizer`, every whitespace
 //! character is dropped before tokenizing (also inside tokens), a trailing
-//! comma is accepted and a key may appear more than once (the last one wins).
-//! Booleans are exactly `True` or `False`.
+//! comma is accepted. Booleans are exactly `True` or `False`.
 //!
 //! [`AllocatorConfig`] holds PyTorch's defaults and keys (those of
 //! `AcceleratorAllocatorConfig` and `CUDAAllocatorConfig`, with the HIP
@@ -21,8 +20,11 @@
 //! - Values PyTorch accepts are accepted with PyTorch's meaning, limits and
 //!   clamping (e.g. `max_split_size_mb` at least `large_segment_size_mb`,
 //!   huge MiB counts clamped instead of overflowing). cudamem is stricter in
-//!   one way: a number must be all digits, where C++'s `stoull` would accept
-//!   `20abc` as 20 or `-1` as 2^64-1.
+//!   in two ways: a number must be all digits, where C++'s `stoull` would
+//!   accept `20abc` as 20 or `-1` as 2^64-1; and a key may appear only once
+//!   in one string (a HIP alias counts as its CUDA key), where PyTorch lets
+//!   the last one win. [`AllocatorConfig::apply`] still sets keys that the
+//!   configuration it applies to was parsed with: the rule is per string.
 //! - [`AllocatorConfig::apply`] has PyTorch's runtime semantics
 //!   (`torch._C._accelerator_setAllocatorSettings`) and is atomic: on error
 //!   the configuration is unchanged.
@@ -703,6 +705,15 @@ fn tokenize(s: &str) -> Vec<String> {
     tokens
 }
 
+/// The key a HIP alias stands for; every other key is itself.
+fn canonical_key(key: &str) -> &str {
+    match key {
+        "release_lock_on_hipmalloc" => "release_lock_on_cudamalloc",
+        "pinned_use_hip_host_register" => "pinned_use_cuda_host_register",
+        k => k,
+    }
+}
+
 fn is_separator(tok: &str) -> bool {
     matches!(tok, "," | ":" | "[" | "]")
 }
@@ -716,7 +727,7 @@ fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
         Some(t) => format!("'{t}'"),
         None => "the end".to_string(),
     };
-    let mut entries = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     let mut i = 0;
     while i < toks.len() {
         let key = toks[i].as_str();
@@ -771,6 +782,17 @@ fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
                 Value::Scalar(v.to_string())
             }
         };
+        if let Some(first) = entries.iter().find(|e| canonical_key(&e.key) == canonical_key(key)) {
+            let also = if first.key == key {
+                String::new()
+            } else {
+                format!(" (as '{}')", first.key)
+            };
+            return Err(ConfigError::new(
+                key,
+                format!("{key}: the key is given twice{also} in allocator config '{s}'; give each key once"),
+            ));
+        }
         entries.push(Entry {
             key: key.to_string(),
             value,
@@ -1062,7 +1084,7 @@ mod tests {
         for (key, get) in keys {
             assert!(get(&parse(&format!("{key}:True"))), "{key}");
             assert!(!get(&parse(&format!("{key}:False"))), "{key}");
-            assert!(!get(&parse(&format!("{key}:True,{key}:False"))), "{key}: last wins");
+            assert!(error(&format!("{key}:True,{key}:False")).contains("given twice"), "{key}");
             for bad in ["true", "false", "1", "0", "TRUE", "yes"] {
                 let e = AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err();
                 assert_eq!(e.to_string(), format!("{key}: expected True or False, got '{bad}'"));
@@ -1179,10 +1201,39 @@ mod tests {
     }
 
     #[test]
-    fn trailing_comma_and_repeated_keys() {
-        let c = parse("max_split_size_mb:64,max_split_size_mb:32,");
-        assert_eq!(c.max_split_size, 32 * MIB);
-        assert_eq!(parse("policy:a,policy:b").policy.as_deref(), Some("b"));
+    fn trailing_comma_accepted() {
+        let c = parse("max_split_size_mb:64,expandable_segments:True,");
+        assert_eq!(c.max_split_size, 64 * MIB);
+        assert!(c.expandable_segments);
+    }
+
+    #[test]
+    fn a_key_given_twice_in_one_string_is_an_error_naming_it() {
+        let e = AllocatorConfig::parse("max_split_size_mb:100,max_split_size_mb:200").unwrap_err();
+        assert_eq!(e.key(), "max_split_size_mb");
+        assert!(e.to_string().starts_with("max_split_size_mb: the key is given twice"), "{e}");
+        assert!(error("policy:a,expandable_segments:True,policy:b").contains("policy: the key is given twice"));
+        // Even with the same value, and through a HIP alias.
+        assert!(error("sharded:True,sharded:True").contains("given twice"));
+        let e = AllocatorConfig::parse("release_lock_on_cudamalloc:True,release_lock_on_hipmalloc:False").unwrap_err();
+        assert_eq!(e.key(), "release_lock_on_hipmalloc");
+        assert!(e.to_string().contains("(as 'release_lock_on_cudamalloc')"), "{e}");
+        // Nothing of a rejected string is applied at run time either.
+        let mut c = parse("expandable_segments:True");
+        assert!(c.apply("expandable_segments:False,expandable_segments:False").is_err());
+        assert!(c.expandable_segments);
+    }
+
+    #[test]
+    fn apply_sets_keys_the_base_configuration_had() {
+        // Layering: each string may set a key once, whatever the strings under it set.
+        let mut c = parse("max_split_size_mb:100,expandable_segments:True,policy:a");
+        c.apply("max_split_size_mb:200,expandable_segments:False").unwrap();
+        assert_eq!(c.max_split_size, 200 * MIB);
+        assert!(!c.expandable_segments);
+        c.apply("max_split_size_mb:300,policy:b").unwrap();
+        assert_eq!(c.max_split_size, 300 * MIB);
+        assert_eq!(c.policy.as_deref(), Some("b"));
     }
 
     #[test]
