@@ -1084,7 +1084,10 @@ mod tests {
         for (key, get) in keys {
             assert!(get(&parse(&format!("{key}:True"))), "{key}");
             assert!(!get(&parse(&format!("{key}:False"))), "{key}");
-            assert!(error(&format!("{key}:True,{key}:False")).contains("given twice"), "{key}");
+            assert!(
+                error(&format!("{key}:True,{key}:False")).contains("given twice"),
+                "{key}"
+            );
             for bad in ["true", "false", "1", "0", "TRUE", "yes"] {
                 let e = AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err();
                 assert_eq!(e.to_string(), format!("{key}: expected True or False, got '{bad}'"));
@@ -1211,7 +1214,10 @@ mod tests {
     fn a_key_given_twice_in_one_string_is_an_error_naming_it() {
         let e = AllocatorConfig::parse("max_split_size_mb:100,max_split_size_mb:200").unwrap_err();
         assert_eq!(e.key(), "max_split_size_mb");
-        assert!(e.to_string().starts_with("max_split_size_mb: the key is given twice"), "{e}");
+        assert!(
+            e.to_string().starts_with("max_split_size_mb: the key is given twice"),
+            "{e}"
+        );
         assert!(error("policy:a,expandable_segments:True,policy:b").contains("policy: the key is given twice"));
         // Even with the same value, and through a HIP alias.
         assert!(error("sharded:True,sharded:True").contains("given twice"));
