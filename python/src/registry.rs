@@ -10,7 +10,7 @@
 //!   allocating on a new device at once create it once.
 //! * **The device** is `cudamem_cuda::CudaDevice::new(ordinal)`, or a simulated GPU when the
 //!   environment variable `CUDAMEM_DEVICE` is `sim` (an H200's capacity) or `sim:<size>`
-//!   (`sim:8GiB`, `sim:80GB`, `sim:1073741824`). The variable is read when an allocator is
+//!   (`sim:8GiB`, `sim:80GB`, `sim:1073741824`; any size `cudamem_alloc::size` parses). The variable is read when an allocator is
 //!   created. The simulated device is what CI tests use; it needs no GPU.
 //! * **The configuration** is [`AllocatorConfig::from_env`] (`CUDAMEM_ALLOC_CONF`, else
 //!   `PYTORCH_CUDA_ALLOC_CONF`, ...) and the policy `CUDAMEM_POLICY` (default `cudamem`), unless
@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudamem_alloc::size::parse_size;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, DeviceError};
@@ -286,8 +287,8 @@ pub fn parse_device_kind(v: &str) -> Result<DeviceKind, RegistryError> {
         None if v.is_empty() || v.eq_ignore_ascii_case("cuda") => Ok(DeviceKind::Cuda),
         None if v.eq_ignore_ascii_case("sim") => Ok(DeviceKind::Sim(H200_CAPACITY)),
         Some((k, size)) if k.eq_ignore_ascii_case("sim") => match parse_size(size) {
-            Some(n) if n > 0 => Ok(DeviceKind::Sim(n)),
-            _ => Err(bad("bad capacity")),
+            Ok(n) => Ok(DeviceKind::Sim(n)),
+            Err(e) => Err(bad(&format!("bad capacity: {e}"))),
         },
         _ => Err(bad("unknown device kind")),
     }
@@ -314,31 +315,4 @@ fn open_device(ordinal: i32) -> Result<Arc<dyn Device>, RegistryError> {
             }
         },
     }
-}
-
-/// A byte count with an optional unit: `1073741824`, `8GiB`, `8G`, `80GB`, `1.5TiB`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
-    let mult: f64 = match unit.as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => (1u64 << 10) as f64,
-        "m" | "mib" => (1u64 << 20) as f64,
-        "g" | "gib" => (1u64 << 30) as f64,
-        "t" | "tib" => (1u64 << 40) as f64,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
-        return None;
-    }
-    if !num.contains('.') {
-        return num.parse::<u64>().ok()?.checked_mul(mult as u64);
-    }
-    let v = num.parse::<f64>().ok()? * mult;
-    (v.is_finite() && v < u64::MAX as f64).then_some(v as u64)
 }

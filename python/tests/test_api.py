@@ -284,6 +284,21 @@ def test_bad_settings_from_the_environment():
     assert "ValueError: CUDAMEM_DEVICE" in r.stdout, r.stdout + r.stderr
 
 
+def test_simulated_capacity_takes_every_size_the_cli_takes():
+    # One size parser for the CLI, the Rust API and CUDAMEM_DEVICE: binary and decimal units,
+    # either case, up to EiB.
+    code = "import cudamem\nprint(cudamem.mem_get_info()[1])\n"
+    for size, total in [("8GiB", 8 << 30), ("8G", 8 << 30), ("80GB", 80 * 10**9), ("8gb", 8 * 10**9),
+                        ("1.5TiB", 3 << 39), ("2PiB", 2 << 50), ("1eib", 1 << 60), ("1073741824", 1 << 30)]:
+        r = _run(code, CUDAMEM_DEVICE=f"sim:{size}")
+        assert r.returncode == 0 and r.stdout.split() == [str(total)], (size, r.stdout + r.stderr)
+    bad = "import cudamem\ntry:\n    cudamem.malloc(16)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
+    for size, says in [("0", "out of range"), ("8XB", "unknown size unit 'XB'"), ("-1", "negative"),
+                       ("lots", "not a size")]:
+        r = _run(bad, CUDAMEM_DEVICE=f"sim:{size}")
+        assert "ValueError: CUDAMEM_DEVICE" in r.stdout and says in r.stdout, (size, r.stdout + r.stderr)
+
+
 def test_policy_and_config_in_a_fresh_process():
     code = (
         "import cudamem\n"

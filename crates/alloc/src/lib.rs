@@ -14,6 +14,7 @@
 //! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
 //! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
 //! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
+//! | sizes written by people (`80GiB`, `141GB`), for every interface | [`size`] |
 //! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
 //! | history (PyTorch's memory trace) and snapshots | [`history`], [`snapshot`] |
 //! | executable invariants | [`invariants`] |
@@ -41,6 +42,7 @@ pub mod pointer_map;
 pub mod policy;
 pub mod segment;
 pub mod sharded;
+pub mod size;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;

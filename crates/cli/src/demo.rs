@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
+use cudamem_alloc::size::human;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
-
-use crate::size::human;
 
 fn line(a: &CachingAllocator, what: &str) -> crate::CliResult {
     let s = a.stats();

@@ -25,19 +25,17 @@ macro_rules! outln {
 mod demo;
 mod fidelity;
 mod report_cmds;
-mod size;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cudamem_alloc::size::{human, parse_size};
 use cudamem_alloc::summary::memory_summary;
 use cudamem_replay::{ReplayOptions, ReplayResult};
 use cudamem_trace::Trace;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
-
-use size::{human, parse_size};
 
 #[derive(Parser)]
 #[command(

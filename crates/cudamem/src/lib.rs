@@ -121,6 +121,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use cudamem_alloc::config::ConfigError;
+pub use cudamem_alloc::size::{parse_size, SizeError};
 pub use cudamem_alloc::{
     AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, ShardedAllocator, StatsDict,
 };
@@ -372,28 +373,29 @@ pub enum DeviceSpec {
 
 impl DeviceSpec {
     /// Parses `sim`, `sim:<capacity>`, `cuda`, `cuda:N` or `auto` (case-insensitive,
-    /// surrounding blanks ignored). A capacity is a byte count with an optional unit: `B`,
-    /// `KiB`/`K`, `MiB`/`M`, `GiB`/`G`, `TiB`/`T` (powers of 1024) or `KB`, `MB`, `GB`, `TB`
-    /// (powers of 1000), e.g. `sim:8GiB`, `sim:1.5G`, `sim:80GB`, `sim:1073741824`.
+    /// surrounding blanks ignored). A capacity is a byte count of at least 1 with an optional
+    /// unit in either case, parsed by [`parse_size`]: `KiB`/`K` … `EiB`/`E` (powers of 1024) or
+    /// `B`, `KB` … `EB` (powers of 1000), e.g. `sim:8GiB`, `sim:1.5G`, `sim:80GB`,
+    /// `sim:1073741824`.
     pub fn parse(spec: &str) -> Result<DeviceSpec, Error> {
         let bad = |reason: String| Error::BadDevice {
             spec: spec.to_string(),
             reason,
         };
-        let s = spec.trim().to_ascii_lowercase();
+        let s = spec.trim();
         if s.is_empty() {
             return Err(bad("the device string is empty".into()));
         }
+        // The kind in either case; the argument as written, for messages.
         let (kind, arg) = match s.split_once(':') {
-            Some((k, a)) => (k.trim(), Some(a.trim())),
-            None => (s.as_str(), None),
+            Some((k, a)) => (k.trim().to_ascii_lowercase(), Some(a.trim())),
+            None => (s.to_ascii_lowercase(), None),
         };
-        match (kind, arg) {
+        match (kind.as_str(), arg) {
             ("sim", None) => Ok(DeviceSpec::Sim { capacity: None }),
             ("sim", Some(c)) => match parse_size(c) {
-                Some(0) => Err(bad("the simulated capacity must be more than 0 bytes".into())),
-                Some(n) => Ok(DeviceSpec::Sim { capacity: Some(n) }),
-                None => Err(bad(format!("'{c}' is not a capacity"))),
+                Ok(n) => Ok(DeviceSpec::Sim { capacity: Some(n) }),
+                Err(e) => Err(bad(format!("bad capacity: {e}"))),
             },
             ("cuda", None) => Ok(DeviceSpec::Cuda(0)),
             ("cuda", Some(n)) => match n.parse::<i32>() {
@@ -403,41 +405,6 @@ impl DeviceSpec {
             ("auto", None) => Ok(DeviceSpec::Auto),
             ("auto", Some(_)) => Err(bad("'auto' takes no argument".into())),
             (k, _) => Err(bad(format!("unknown device kind '{k}'"))),
-        }
-    }
-}
-
-/// Parses a byte count with an optional unit (see [`DeviceSpec::parse`]).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = (s[..split].trim(), s[split..].trim().to_ascii_lowercase());
-    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
-        return None;
-    }
-    let mult: u64 = match unit.as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => return None,
-    };
-    match num.split_once('.') {
-        None => num.parse::<u64>().ok()?.checked_mul(mult),
-        Some((int, frac)) => {
-            // Exact decimal arithmetic: int * mult + frac * mult / 10^len(frac), rounded down.
-            let int = int.parse::<u64>().ok()?.checked_mul(mult)?;
-            if frac.len() > 18 {
-                return None;
-            }
-            let scale = 10u128.pow(frac.len() as u32);
-            let f = frac.parse::<u128>().ok()? * mult as u128 / scale;
-            int.checked_add(u64::try_from(f).ok()?)
         }
     }
 }
@@ -1198,15 +1165,19 @@ mod tests {
 
     #[test]
     fn sizes_parse_with_units() {
-        assert_eq!(parse_size("8GiB"), Some(8 << 30));
-        assert_eq!(parse_size("8 gib"), Some(8 << 30));
-        assert_eq!(parse_size("8G"), Some(8 << 30));
-        assert_eq!(parse_size("80GB"), Some(80_000_000_000));
-        assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
-        assert_eq!(parse_size("1073741824"), Some(1 << 30));
-        assert_eq!(parse_size("512b"), Some(512));
-        for bad in ["", "GiB", "8XB", "1.2.3", ".5G", "5.G", "-1", "99999999999999TiB"] {
-            assert_eq!(parse_size(bad), None, "{bad}");
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("8 gib"), Ok(8 << 30));
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("80GB"), Ok(80_000_000_000));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("1073741824"), Ok(1 << 30));
+        assert_eq!(parse_size("512b"), Ok(512));
+        // The units the CLI has always taken: up to EiB, in either case.
+        assert_eq!(parse_size("2PiB"), Ok(2 << 50));
+        assert_eq!(parse_size("1eib"), Ok(1 << 60));
+        assert_eq!(parse_size("8gb"), Ok(8_000_000_000));
+        for bad in ["", "GiB", "8XB", "1.2.3", "-1", "0", "99999999999999TiB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 
@@ -1222,11 +1193,20 @@ mod tests {
         assert_eq!(DeviceSpec::parse("cuda").unwrap(), DeviceSpec::Cuda(0));
         assert_eq!(DeviceSpec::parse("cuda:3").unwrap(), DeviceSpec::Cuda(3));
         assert_eq!(DeviceSpec::parse("auto").unwrap(), DeviceSpec::Auto);
+        assert_eq!(
+            DeviceSpec::parse("sim:2pib").unwrap(),
+            DeviceSpec::Sim {
+                capacity: Some(2 << 50)
+            }
+        );
         for bad in ["", "gpu", "cuda:-1", "cuda:x", "sim:0", "sim:lots", "auto:1", "cpu:0"] {
             let e = DeviceSpec::parse(bad).unwrap_err();
             assert!(matches!(e, Error::BadDevice { .. }), "{bad}: {e}");
             assert!(e.to_string().contains(&format!("'{bad}'")), "{e}");
         }
+        // The size parser's own message, with the unit as written.
+        let e = DeviceSpec::parse("sim:8XB").unwrap_err().to_string();
+        assert!(e.contains("unknown size unit 'XB'"), "{e}");
     }
 
     #[test]
