@@ -1114,6 +1114,43 @@ mod tests {
     }
 
     #[test]
+    fn host_copies_round_trip_on_backed_memory_only() {
+        if !is_available() {
+            eprintln!("SKIPPED: no CUDA device");
+            return;
+        }
+        let d = CudaDevice::new(0).unwrap();
+        let g = d.granularity();
+        let base = d.reserve(4 * g).unwrap();
+        let refused = |r: Result<(), DeviceError>| matches!(r, Err(DeviceError::InvalidArgument(_)));
+        assert!(refused(d.copy_from_host(base, b"x")), "unmapped memory is refused");
+        d.map(base, g).unwrap();
+        d.map(base + g, g).unwrap();
+        let data: Vec<u8> = (0..g as usize + 4096).map(|i| (i % 251) as u8).collect();
+        let at = base + g / 2; // straddles the two mappings
+        d.copy_from_host(at, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        d.copy_to_host(at, &mut back).unwrap();
+        assert!(back == data, "bytes round-trip across two mappings");
+        assert!(
+            refused(d.copy_to_host(base + 2 * g - 8, &mut [0; 16])),
+            "a copy past the mappings is refused"
+        );
+        let seg = d.malloc(1 << 20).unwrap();
+        d.copy_from_host(seg + 100, b"cudamem").unwrap();
+        let mut out = [0u8; 7];
+        d.copy_to_host(seg + 100, &mut out).unwrap();
+        assert_eq!(&out, b"cudamem");
+        assert!(
+            refused(d.copy_to_host(seg + (1 << 20) - 4, &mut [0; 8])),
+            "a copy past a segment is refused"
+        );
+        d.free(seg, 1 << 20).unwrap();
+        d.unmap(base, 2 * g).unwrap();
+        d.release_reservation(base, 4 * g).unwrap();
+    }
+
+    #[test]
     fn error_names_are_cuda_spellings() {
         // Without a driver the binding's names are used; with one, the driver's. Both spell it so.
         assert_eq!(
