@@ -274,3 +274,52 @@ fn every_policy_option_lists_the_registrys_policies_and_takes_either_spelling() 
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("replay takes one policy"));
 }
+
+#[test]
+fn a_trace_that_frees_unallocated_addresses_gets_a_warning_with_the_count() {
+    use cudamem_trace::{Action, DeviceTrace, Trace, TraceEvent};
+    let ev = |action, addr| TraceEvent {
+        action,
+        addr,
+        size: 1 << 20,
+        stream: 0,
+        time_us: 0,
+        stack: None,
+    };
+    let mut events = vec![ev(Action::Alloc, 0x10_0000)];
+    for addr in [0xdead_0000, 0x10_0000, 0xbeef_0000] {
+        events.push(ev(Action::FreeRequested, addr));
+        events.push(ev(Action::FreeCompleted, addr));
+    }
+    let trace = Trace {
+        source: "unmatched".into(),
+        devices: vec![DeviceTrace { device: 0, events }],
+        ..Default::default()
+    };
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("unmatched_frees.cmt");
+    cudamem_trace::write_compact(&trace, std::fs::File::create(&path).unwrap()).unwrap();
+    let path = path.to_str().unwrap();
+
+    let out = cudamem(&["replay", path, "--repeats", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning:") && err.contains("2 frees of addresses the trace never allocated"),
+        "{err}"
+    );
+    let out = cudamem(&["replay", path, "--repeats", "1", "--json"]);
+    let j = json_rows_of(&out);
+    assert_eq!(j["unmatched_frees"], 2);
+    assert_eq!(j["devices"][0]["unmatched_frees"], 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 frees"));
+
+    // A trace without such frees gets no warning.
+    let out = cudamem(&[
+        "replay",
+        data("seed_example.pickle.gz").to_str().unwrap(),
+        "--repeats",
+        "1",
+    ]);
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+}

@@ -92,6 +92,9 @@ pub struct DeviceResult {
     pub trace_device_allocs: u64,
     /// `oom` entries in the trace.
     pub trace_ooms: u64,
+    /// Frees of an address the trace never allocated (an allocation made before recording
+    /// started, or a lost event). The replay skips them; they are counted in `ops`.
+    pub unmatched_frees: u64,
 }
 
 /// The replay of a whole trace.
@@ -421,6 +424,7 @@ pub fn replay_device(
         trace_peak_reserved_bytes: p.trace_peak_reserved,
         trace_device_allocs: p.trace_device_allocs,
         trace_ooms: p.trace_ooms,
+        unmatched_frees: p.unmatched_frees,
     })
 }
 

@@ -1,0 +1,169 @@
+//! `cudamem replay`: one trace, one policy, its peaks, counts and `memory_summary()` at the
+//! peak, or one JSON object (`--json`, whose shape `compare --json` shares).
+
+use cudamem_alloc::size::human;
+use cudamem_alloc::summary::memory_summary;
+use cudamem_replay::{ReplayOptions, ReplayResult};
+use indicatif::ProgressBar;
+use serde_json::{json, Value};
+
+use crate::{load, policies, CliResult};
+
+/// The replay JSON object (sizes in bytes; peaks are the largest over devices).
+pub(crate) fn to_json(r: &ReplayResult) -> Value {
+    let dev: Vec<Value> = r
+        .devices
+        .iter()
+        .map(|d| {
+            json!({
+                "device": d.device, "ops": d.ops,
+                "peak_requested_bytes": d.peak_requested_bytes,
+                "peak_allocated_bytes": d.peak_allocated_bytes,
+                "peak_reserved_bytes": d.peak_reserved_bytes,
+                "device_allocs": d.device_allocs, "device_frees": d.device_frees,
+                "device_maps": d.device_calls.maps, "device_unmaps": d.device_calls.unmaps,
+                "ooms": d.ooms, "alloc_retries": d.alloc_retries,
+                "replay_ns_per_op": d.replay_ns_per_op,
+                "trace_peak_reserved_bytes": d.trace_peak_reserved_bytes,
+                "trace_device_allocs": d.trace_device_allocs,
+                "trace_ooms": d.trace_ooms,
+                "unmatched_frees": d.unmatched_frees,
+            })
+        })
+        .collect();
+    let ops = r.total(|d| d.ops);
+    let ns = if ops == 0 {
+        0.0
+    } else {
+        r.devices.iter().map(|d| d.replay_ns_per_op * d.ops as f64).sum::<f64>() / ops as f64
+    };
+    let peak_req = r.max(|d| d.peak_requested_bytes);
+    let peak_res = r.max(|d| d.peak_reserved_bytes);
+    json!({
+        "trace": r.trace, "policy": r.policy, "config": r.config, "capacity": r.capacity,
+        "ops": ops,
+        "peak_requested_bytes": peak_req,
+        "peak_allocated_bytes": r.max(|d| d.peak_allocated_bytes),
+        "peak_reserved_bytes": peak_res,
+        "reserved_over_requested": if peak_req == 0 { 0.0 } else { peak_res as f64 / peak_req as f64 },
+        "device_allocs": r.total(|d| d.device_allocs),
+        "device_frees": r.total(|d| d.device_frees),
+        "device_maps": r.total(|d| d.device_calls.maps),
+        "device_unmaps": r.total(|d| d.device_calls.unmaps),
+        "ooms": r.total(|d| d.ooms),
+        "alloc_retries": r.total(|d| d.alloc_retries),
+        "unmatched_frees": r.total(|d| d.unmatched_frees),
+        "replay_ns_per_op": ns,
+        "devices": dev,
+    })
+}
+
+/// The options of `cudamem replay`.
+pub(crate) struct ReplayArgs {
+    pub(crate) policy: String,
+    pub(crate) config: Option<String>,
+    pub(crate) capacity: Option<u64>,
+    pub(crate) repeats: usize,
+    pub(crate) device: String,
+    pub(crate) warm: bool,
+}
+
+pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResult {
+    if policies(&a.policy)?.len() > 1 {
+        return Err(format!("replay takes one policy, not '{}' (compare replays several)", a.policy).into());
+    }
+    if a.device != "sim" && a.capacity.is_some() {
+        return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
+    }
+    // A spinner on stderr while loading and replaying; hidden with --json, and by indicatif when
+    // stderr is not a terminal. It only draws after a second, so quick runs print nothing.
+    let spinner = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner()
+    };
+    let started = std::time::Instant::now();
+    let tick = |msg: &str| {
+        if started.elapsed().as_secs_f64() > 1.0 {
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+        }
+        spinner.set_message(msg.to_string());
+    };
+    tick(&format!("loading {}", path.display()));
+    let trace = load(path)?;
+    tick(&format!("replaying {} ({} events)", path.display(), trace.num_events()));
+    let opts = ReplayOptions {
+        policy: a.policy,
+        config: a.config,
+        capacity: a.capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
+        repeats: a.repeats,
+        plan_addresses: None,
+        deferred_frees: a.device == "sim",
+        device: a.device,
+        warm: a.warm,
+    };
+    let r = cudamem_replay::replay(&trace, &opts);
+    spinner.finish_and_clear();
+    let r = r?;
+    warn_unmatched_frees(&r);
+    if json {
+        outln!("{}", to_json(&r));
+        return Ok(());
+    }
+    outln!("trace    {}", r.trace);
+    outln!(
+        "policy   {}   config '{}'   capacity {}",
+        r.policy,
+        r.config,
+        human(r.capacity)
+    );
+    for d in &r.devices {
+        outln!("\ndevice {}: {} ops, {:.1} ns/op", d.device, d.ops, d.replay_ns_per_op);
+        outln!(
+            "  peak requested {}   peak allocated {}   peak reserved {}   (reserved/requested {:.3})",
+            human(d.peak_requested_bytes),
+            human(d.peak_allocated_bytes),
+            human(d.peak_reserved_bytes),
+            d.peak_reserved_bytes as f64 / d.peak_requested_bytes.max(1) as f64
+        );
+        outln!(
+            "  device allocs {}   frees {}   maps {}   unmaps {}   OOMs {}   retries {}",
+            d.device_allocs,
+            d.device_frees,
+            d.device_calls.maps,
+            d.device_calls.unmaps,
+            d.ooms,
+            d.alloc_retries
+        );
+        outln!(
+            "  as recorded: peak reserved {}   device allocs {}   OOMs {}",
+            human(d.trace_peak_reserved_bytes),
+            d.trace_device_allocs,
+            d.trace_ooms
+        );
+        outln!("\nmemory_summary() when reserved memory peaked:");
+        out!("{}", memory_summary(&d.stats_at_peak.to_dict(), d.device, false));
+    }
+    Ok(())
+}
+
+/// A warning on stderr (with `--json` too: stdout keeps its one object) when the trace frees
+/// addresses it never allocated: the replay skipped those frees.
+fn warn_unmatched_frees(r: &ReplayResult) {
+    let n = r.total(|d| d.unmatched_frees);
+    if n > 0 {
+        use std::io::Write as _;
+        let frees = if n == 1 {
+            "free of an address"
+        } else {
+            "frees of addresses"
+        };
+        // A closed stderr loses the warning, nothing else.
+        let _ = writeln!(
+            std::io::stderr(),
+            "cudamem: warning: {}: {n} {frees} the trace never allocated (allocated \
+             before recording started, or a lost event); the replay skipped them",
+            r.trace
+        );
+    }
+}
