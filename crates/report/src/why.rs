@@ -288,51 +288,68 @@ impl WhyReport {
         v
     }
 
-    /// The one-paragraph answer: "empty_cache() would release X now; Y stays reserved because
-    /// N live blocks pin M segments".
+    /// Bytes that stay reserved after `empty_cache()`: the allocated blocks and the free bytes
+    /// they (or private pools) pin, `allocated + pinned`, the same sums as the segment rows
+    /// (and `reserved - releasable` by the module's guarantee).
+    pub fn stays_reserved(&self) -> u64 {
+        self.allocated.saturating_add(self.pinned)
+    }
+
+    /// The one-paragraph answer: "empty_cache() would release X now; Y stays reserved: A
+    /// allocated and P free that N live blocks pin in M segments", where Y = A + P and P is the
+    /// sum of the pinned segments' rows.
     pub fn headline(&self) -> String {
-        let pinned = self.pinned_segments();
-        let releasable_segs = self.segments.iter().filter(|s| s.releasable > 0).count();
+        // "1 segment", "2 segments".
+        let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        let partly = self
+            .segments
+            .iter()
+            .any(|s| s.is_expandable && s.releasable > 0 && s.releasable < s.total_size);
         let mut s = format!(
-            "empty_cache() would release {} now ({} segment{}{})",
+            "empty_cache() would release {} now ({}{})",
             human(self.releasable),
-            releasable_segs,
-            if releasable_segs == 1 { "" } else { "s" },
-            if self
-                .segments
-                .iter()
-                .any(|s| s.is_expandable && s.releasable > 0 && s.releasable < s.total_size)
-            {
+            count(self.segments.iter().filter(|s| s.releasable > 0).count(), "segment"),
+            if partly {
                 ", counting partly released expandable ones"
             } else {
                 ""
             }
         );
-        if self.pinned == 0 {
-            s.push_str("; nothing else stays reserved but the allocated blocks");
-        } else {
-            let blocks: usize = pinned.iter().map(|p| p.pinned_by.len()).sum();
-            let by_pool = pinned.iter().filter(|p| p.reason == Reason::PrivatePool).count();
-            s.push_str(&format!("; {} stays reserved because ", human(self.pinned)));
-            let mut parts = Vec::new();
-            if blocks > 0 {
-                let segs = pinned.iter().filter(|p| p.reason == Reason::LiveBlocks).count();
-                parts.push(format!(
-                    "{} live block{} pin{} {} segment{}",
-                    blocks,
-                    if blocks == 1 { "" } else { "s" },
-                    if blocks == 1 { "s" } else { "" },
-                    segs,
-                    if segs == 1 { "" } else { "s" }
-                ));
+        match (self.stays_reserved(), self.pinned) {
+            (0, _) => return s + "; nothing stays reserved",
+            (stays, 0) => return s + &format!("; {} stays reserved: all of it allocated", human(stays)),
+            (stays, _) => s.push_str(&format!("; {} stays reserved: ", human(stays))),
+        }
+        let mut parts = Vec::new();
+        if self.allocated > 0 {
+            parts.push(format!("{} allocated", human(self.allocated)));
+        }
+        let (by_blocks, by_pools): (Vec<&SegmentWhy>, Vec<&SegmentWhy>) = self
+            .pinned_segments()
+            .into_iter()
+            .partition(|p| p.reason != Reason::PrivatePool);
+        if !by_blocks.is_empty() {
+            let blocks: usize = by_blocks.iter().map(|p| p.pinned_by.len()).sum();
+            parts.push(format!(
+                "{} free that {} pin{} in {}",
+                human(by_blocks.iter().map(|p| p.pinned).sum()),
+                count(blocks, "live block"),
+                if blocks == 1 { "s" } else { "" },
+                count(by_blocks.len(), "segment")
+            ));
+        }
+        if !by_pools.is_empty() {
+            parts.push(format!(
+                "{} free in {} of private pools",
+                human(by_pools.iter().map(|p| p.pinned).sum()),
+                count(by_pools.len(), "segment")
+            ));
+        }
+        if let Some((last, rest)) = parts.split_last() {
+            if !rest.is_empty() {
+                s.push_str(&format!("{} and ", rest.join(", ")));
             }
-            if by_pool > 0 {
-                parts.push(format!(
-                    "{by_pool} segment{} belong to private pools",
-                    if by_pool == 1 { "" } else { "s" }
-                ));
-            }
-            s.push_str(&parts.join(" and "));
+            s.push_str(last);
         }
         s
     }
@@ -342,7 +359,7 @@ impl WhyReport {
     pub fn to_text(&self, top: usize, blocks: usize, frames: usize) -> String {
         use fmt::Write;
         let mut s = String::new();
-        let free = self.reserved - self.allocated;
+        let free = self.reserved.saturating_sub(self.allocated);
         let _ = writeln!(
             s,
             "{} (from {}): reserved {}, allocated {}, free in the cache {}",
@@ -462,6 +479,7 @@ impl WhyReport {
             "pending_free": self.pending_free,
             "releasable": self.releasable,
             "pinned": self.pinned,
+            "stays_reserved": self.stays_reserved(),
             "headline": self.headline(),
             "segments": self.segments.iter().map(|s| json!({
                 "device": s.device,

@@ -152,7 +152,7 @@ fn why_on_seed_example() {
     assert_eq!(pinned[0].pinned_by[0].frames[0].name, "forward");
     assert_eq!(
         r.headline(),
-        "empty_cache() would release 20.0 MiB now (1 segment); 1.0 MiB stays reserved because 1 live block pins 1 segment"
+        "empty_cache() would release 20.0 MiB now (1 segment); 66.0 MiB stays reserved: 65.0 MiB allocated and 1.0 MiB free that 1 live block pins in 1 segment"
     );
 }
 
@@ -202,7 +202,7 @@ fn why_on_a_synthetic_snapshot() {
     );
     assert_eq!(pinned[0].pinned_by[0].frames[0].name, "keep_me");
     let text = r.to_string();
-    assert!(text.contains("empty_cache() would release 30.0 MiB now (1 segment); 18.0 MiB stays reserved because 1 live block pins 1 segment"), "{text}");
+    assert!(text.contains("empty_cache() would release 30.0 MiB now (1 segment); 20.0 MiB stays reserved: 2.0 MiB allocated and 18.0 MiB free that 1 live block pins in 1 segment"), "{text}");
     assert!(text.contains("keep_me  model.py:7"), "{text}");
     // The allocator agrees.
     let before = a.memory_reserved();
