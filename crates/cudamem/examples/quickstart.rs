@@ -15,7 +15,15 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
 }
 
-fn main() -> Result<(), cudamem::Error> {
+fn main() {
+    if let Err(e) = run() {
+        // The message (`Display`), not the `Debug` dump `main() -> Result` would print.
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), cudamem::Error> {
     let device = std::env::args().nth(1).unwrap_or_else(|| "auto".to_string());
     let alloc = Allocator::new(&device)?;
     println!(
