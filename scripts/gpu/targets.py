@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue #7's H200 targets, judged from the outputs of `gpu_bench` and `replay_gpu`.
+"""The H200 performance targets, judged from the outputs of `gpu_bench` and `replay_gpu`.
 
     python3 scripts/gpu/targets.py DIR_OR_FILE...
 
@@ -8,18 +8,20 @@ Reads the files named, or in a directory (searched recursively) every `.txt` who
 target holds:
 
 * gpu_bench, pair: the cudamem cache-hit alloc+free pair through the CUDA device is at most
-  200 ns (100 per operation) at every size of the latency table (since the eighth session of
-  2026-12-01 each cell is the median of the rounds); an output measured on the simulated
-  device is not judged;
+  200 ns (100 per operation) at every size of the latency table (each cell is the median of
+  the rounds, in outputs measured in rounds); an output measured on the simulated device is
+  not judged;
 * gpu_bench, threads: with `sharded:True`, 8 threads reach at least 4x one thread (the table's
-  "ratio to 1 thread" column: since f6ce474 the median of the rounds' own ratios);
+  "ratio to 1 thread" column: the median of the rounds' own ratios, in outputs measured in
+  rounds);
 * replay_gpu: the cuda:0 warm ns/op of every trace is at most 100 with both the `pytorch` and
-  the `cudamem` policy (since f6ce474 the cell's median of rounds), and the run printed
-  "disagreements: 0".
+  the `cudamem` policy (the cell's median of rounds, in outputs measured in rounds), and the
+  run printed "disagreements: 0".
 
 A file whose figures are missing (no GPU: "n/a" columns; a run cut short) is reported as such,
 never as met. Exit status: 0 if every target judged held in every file, 1 otherwise, 2 on a
-usage error. `--self-test` checks the parser on the seventh session's outputs in docs/bench/results.
+usage error. `--self-test` checks the parser on the outputs in docs/bench/results and on both
+output formats (one round; rounds with a range column and a rounds table).
 """
 
 import re
@@ -146,14 +148,14 @@ def self_test():
     assert rounds[0][1] is True and rounds[0][2].startswith("8 rows"), rounds
     sim = judge(root / "2026-12-01-h200-replay_sim.txt")
     assert sim[0][1] is None, sim  # sim only: n/a columns are not "met"
-    # One-round output of the fifth session's format: gpt2_train pytorch over 100.
+    # The one-round format (no range column): gpt2_train pytorch over 100.
     one = judge_replay_gpu(
         "| trace | policy | a | b | c | d | agree | sim | cuda |\n|---|---|---|---|---|---|---|---|---|\n"
         "| gpt2_train | pytorch | 1 | 1 | 1 | 1 | true | 115.6 | 116.1 |\n"
         "| gpt2_train | cudamem | 1 | 1 | 1 | 1 | true | 80.0 | 81.0 |\ndisagreements: 0\n"
     )
     assert one[0][1] is False and "gpt2_train pytorch 116.1" in one[0][2], one
-    # The eighth session's format: a range column, then the rounds table (not parsed as sizes).
+    # The rounds format: a range column, then the rounds table (not parsed as sizes).
     head = "## alloc+free pair latency, ns (median; cudamem: cache hits, batches of 64; each cell the median of 5 rounds)\n\n"
     rows = "| 512 B | 150 | 120–260 | 90000 | 700 | 600x | 5x |\n| 64 MiB | 120 | 100–130 | 90000 | 700 | 750x | 6x |\n"
     tail = "\nrounds: cudamem ns / ...\n\n| size | round 1 |\n|---|---|\n| 512 B | 260 / 700 |\n"

@@ -88,14 +88,13 @@ use crate::summary::{self, StatsDict};
 /// Number of shards of a device: streams beyond this many share shards (correct, but they
 /// contend).
 pub const SHARDS: usize = 64;
-/// A shard's log is merged when it holds this many operations. Why not fewer, which ends the
-/// logging that a shard passing its ceiling starts sooner: on the 2-core development machine,
-/// `sharded_cost mixed` with 8 threads (which take turns there) logged 7–9% of its operations
-/// with merges at 64 entries against 84–87% at 4096, and ran faster (7.3–9.9 against 4.7–5.9 M
-/// pairs/s); but on the H200 machine, 8 threads on their own cores passed their ceilings again
-/// right after every merge (96–98% logged at 64), and merges, which lock every shard, came ten
-/// times as often (35,585 against 3,007 in a `gpu_bench` run): its 8 threads did 12.4 M pairs/s
-/// against 18.0–20.0 M at 4096 (`docs/gpu-runs/2026-12-01/session4/ab1/`).
+/// A shard's log is merged when it holds this many operations. Fewer would end sooner the
+/// logging that a shard passing its ceiling starts, which helps threads that take turns on
+/// few cores; but threads on cores of their own pass their ceilings again right after every
+/// merge, so a small threshold only makes merges, which lock every shard, more frequent, and
+/// the whole device slower. The rule: the threshold is judged by pairs per second of 8 threads
+/// on their own cores (`gpu_bench`, `sharded_cost mixed`), not by the share of operations
+/// logged on a machine with fewer cores than threads.
 const MERGE_AT: usize = 4096;
 /// ...and its writer waits for a merge (instead of leaving it to a merge in progress) beyond
 /// this many, so that logs stay bounded.

@@ -3,17 +3,14 @@
 //! device's warm replay gives ns per allocator operation through the CUDA device.
 //! Usage: `replay_gpu [TRACE...]` (default: tests/data/*.pickle.gz). Without a GPU it says so
 //! and replays on the simulated device only. The warm figure is the median of `REPEATS` passes
-//! (environment; default 21, 5 until 2026-12-01): a pass of the shortest trace takes about a
-//! millisecond, and on the GPU machine's shared CPUs a few slow passes weigh less in a median
-//! of more.
+//! (environment; default 21): a pass of the shortest trace takes about a millisecond, and on a
+//! machine with shared CPUs a few slow passes weigh less in a median of more.
 //!
-//! The whole table is measured `ROUNDS` times (environment; default 5; 1 until 2026-12-01) and
-//! each ns/op cell is the median of its rounds, with their range beside it. The GPU machine
-//! runs at one of two speeds, about 1.5× apart, switching within a second (sim-only runs of
-//! gpt2_train there: 72–81 or 108–125 ns/op, whatever came before); one row's 21 passes take a
-//! few tens of milliseconds and so sample one speed, which a median over rounds spread across
-//! the run does not (docs/gpu-runs/2026-12-01/session7). Peaks and device allocations must
-//! agree in every round.
+//! The whole table is measured `ROUNDS` times (environment; default 5) and each ns/op cell is
+//! the median of its rounds, with their range beside it. A machine that switches between two
+//! speeds within a second (as the H200 host does, `docs/bench/README.md`) gives one row's
+//! passes, a few tens of milliseconds, a single speed; a median over rounds spread across the
+//! run samples both. Peaks and device allocations must agree in every round.
 //!
 //! Beside each row, a clock probe: a chain of dependent multiplications timed right before the
 //! row, converted to GHz at 3 cycles each (the latency of `imul` on current x86 cores). It

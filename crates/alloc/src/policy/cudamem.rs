@@ -40,25 +40,14 @@ use crate::config::AllocatorConfig;
 /// Page size when the device reports none other: 2 MiB, the VMM granularity of current GPUs.
 pub const PAGE: u64 = 2 << 20;
 
-/// `cudamem` maps a growth in device allocations of up to 16 MiB (8 pages). Measured on an H200
-/// (`docs/gpu-runs/vmm_costs.txt`): one `cuMemCreate`+`cuMemMap`+`cuMemSetAccess` costs about
-/// 40–50 µs whatever its size up to tens of MiB, so mapping page by page made the first pass of
-/// gpt2_train cost 373 ms against expandable segments' 44 ms. The size trades driver calls
-/// against what the retry path can give back (a mapping is unmapped only when wholly free).
-/// Replayed over the shared traces (2026-11-30), smallest GPU that fits (`cudamem fit`) and
-/// mappings made, by chunk size:
-///
-/// | chunk | gpt2_train fit / maps | bert_varlen_infer fit / maps |
-/// |---|---|---|
-/// | 8 MiB | 12.73 GiB / 1,791 | 648 MiB / 145 |
-/// | 16 MiB | 12.75 GiB / 935 | 668 MiB / 108 |
-/// | 32 MiB | 12.79 GiB / – | 728 MiB / – |
-/// | one per growth | 13.53 GiB / 217 | 734 MiB / 86 |
-///
-/// (expandable segments: 12.76 GiB / 698 and 748 MiB / 41). 16 MiB is the largest chunk that
-/// keeps every shared trace fitting a smaller GPU than expandable segments do, at about half the
-/// calls of 8 MiB; the calls it makes beyond expandable's are a one-time cost of the first
-/// iteration (README, "What the driver calls cost").
+/// `cudamem` maps a growth in device allocations of up to 16 MiB (8 pages). A driver mapping
+/// (`cuMemCreate`+`cuMemMap`+`cuMemSetAccess`) costs about the same whatever its size up to
+/// tens of MiB (the `vmm_costs` example measures it), so mapping page by page multiplies the
+/// first iteration's driver time; a larger chunk makes fewer calls but gives less back on the
+/// retry path, which unmaps a mapping only when it is wholly free. The rule: the chunk is the
+/// largest with which every shared trace still fits a smaller GPU (`cudamem fit`) than under
+/// expandable segments. The calls it makes beyond expandable segments' are a one-time cost of
+/// the first iteration; after warm-up it maps nothing.
 pub const MAP_CHUNK: u64 = 16 << 20;
 
 /// The `cudamem` and `cudamem-compact` policies. See the [module documentation](self).
