@@ -1,0 +1,213 @@
+//! # Expandable segments: growing a pool by mapping pages into a reserved range
+//!
+//! PyTorch's `expandable_segments`: a segment reserves virtual address space once and maps
+//! pages as its pool grows, so a large block can span pages mapped at different times. Blocks
+//! of an expandable segment are either mapped (in the pool's free set when free) or unmapped
+//! (in its unmapped set); merging never joins a mapped and an unmapped block. Unmapping gives
+//! back whole pages only.
+
+#[allow(unused_imports)]
+use super::*;
+
+impl<S: StatSink> Engine<S> {
+    /// The lowest-addressed run of free and unmapped blocks with `size` bytes of room, in a new
+    /// expandable segment if none has room (PyTorch `find_expandable_block`).
+    pub(super) fn find_expandable_block(&mut self, req: &Request, page_size: u64) -> Result<BlockId, AllocError> {
+        let allocatable = |blocks: &BlockArena, b: Option<BlockId>| b.filter(|&b| blocks[b].is_free());
+        let pool = &self.pools[req.pool.0 as usize];
+        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId::MIN)..) {
+            if stream != req.stream {
+                break;
+            }
+            let mut c = id;
+            if let Some(p) = allocatable(&self.blocks, self.blocks[c].prev) {
+                c = p;
+            }
+            let (mut bytes, mut b) = (0u64, Some(c));
+            while bytes < req.size {
+                match allocatable(&self.blocks, b) {
+                    Some(x) => {
+                        bytes += self.blocks[x].size;
+                        b = self.blocks[x].next;
+                    }
+                    None => break,
+                }
+            }
+            if bytes >= req.size {
+                return Ok(c);
+            }
+        }
+        let total = self.device.total_memory();
+        let va = (total + total / 8).div_ceil(page_size) * page_size;
+        let base = self.device.reserve(va)?;
+        let map_chunk = self.policy.get().map_chunk(&self.config, req.pool).unwrap_or(page_size);
+        let seg = self.segments.insert(Segment {
+            base,
+            size: va,
+            pool: req.pool,
+            stream: req.stream,
+            backing: Backing::Expandable {
+                page_size,
+                map_chunk,
+                mappings: Default::default(),
+            },
+            stack: self.current_stack,
+            oversize: false,
+        });
+        let mut b = self.new_block(base, va, req.stream, req.pool, seg, true);
+        b.mapped = false;
+        let id = self.blocks.insert(b);
+        self.insert_free(id);
+        Ok(id)
+    }
+
+    /// Maps the first `size` bytes of the unmapped block `to_map` (PyTorch `map_block`).
+    /// Returns false when the device is out of memory.
+    pub(super) fn map_block(&mut self, to_map: BlockId, size: u64) -> Result<bool, AllocError> {
+        let (seg, addr, bsize, stream, pool) = {
+            let b = &self.blocks[to_map];
+            debug_assert!(!b.mapped && size <= b.size);
+            (b.segment, b.addr, b.size, b.stream, b.pool)
+        };
+        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size)? else {
+            return Ok(false);
+        };
+        debug_assert!(mptr == addr && msize >= size);
+        self.remove_free(to_map);
+        self.blocks[to_map].mapped = true;
+        if msize < bsize {
+            let mut rest = self.new_block(addr + msize, bsize - msize, stream, pool, seg, true);
+            rest.mapped = false;
+            rest.prev = Some(to_map);
+            rest.next = self.blocks[to_map].next;
+            let rid = self.blocks.insert(rest);
+            if let Some(n) = self.blocks[to_map].next {
+                self.blocks[n].prev = Some(rid);
+            }
+            self.blocks[to_map].next = Some(rid);
+            self.blocks[to_map].size = msize;
+            self.insert_free(rid);
+        }
+        let (p, n) = (self.blocks[to_map].prev, self.blocks[to_map].next);
+        self.try_merge_blocks(to_map, p);
+        self.try_merge_blocks(to_map, n);
+        self.insert_free(to_map);
+        self.total_allocated_memory += msize;
+        self.reclaim_watermark = self.reclaim_watermark.max(self.total_allocated_memory);
+        let small = self.is_small(pool);
+        self.stat_up(Array::ReservedBytes, small, msize);
+        self.stats.num_device_alloc += 1;
+        self.trace(Action::SegmentMap, mptr, msize, stream, self.current_stack);
+        Ok(true)
+    }
+
+    /// PyTorch `try_allocate_expandable_block`.
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        req: &Request,
+        page_size: u64,
+    ) -> Result<Option<BlockId>, AllocError> {
+        let mut candidate = self.find_expandable_block(req, page_size)?;
+        if !self.blocks[candidate].mapped {
+            let sz = self.blocks[candidate].size.min(req.size);
+            if !self.map_block(candidate, sz)? {
+                return Ok(None);
+            }
+        }
+        while self.blocks[candidate].size < req.size {
+            let remaining = req.size - self.blocks[candidate].size;
+            let next = self.blocks[candidate].next.expect("expandable run continues");
+            let sz = remaining.min(self.blocks[next].size);
+            if !self.map_block(next, sz)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        self.remove_free(candidate);
+        Ok(Some(candidate))
+    }
+
+    /// Unmaps the whole free pages of a free, mapped expandable block (PyTorch `unmap_block`).
+    pub(super) fn unmap_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let (seg, addr, size, stream, pool) = {
+            let b = &self.blocks[id];
+            (b.segment, b.addr, b.size, b.stream, b.pool)
+        };
+        let (uptr, usize_) = self.segments[seg].unmap(&*self.device, addr, size)?;
+        if usize_ == 0 {
+            return Ok(());
+        }
+        self.remove_free(id);
+        let before = uptr - addr;
+        if before > 0 {
+            let mut bf = self.new_block(addr, before, stream, pool, seg, true);
+            bf.prev = self.blocks[id].prev;
+            bf.next = Some(id);
+            let bid = self.blocks.insert(bf);
+            if let Some(p) = self.blocks[id].prev {
+                self.blocks[p].next = Some(bid);
+            }
+            self.blocks[id].prev = Some(bid);
+            self.insert_free(bid);
+        }
+        let after = size - before - usize_;
+        if after > 0 {
+            let mut af = self.new_block(uptr + usize_, after, stream, pool, seg, true);
+            af.prev = Some(id);
+            af.next = self.blocks[id].next;
+            let aid = self.blocks.insert(af);
+            if let Some(n) = self.blocks[id].next {
+                self.blocks[n].prev = Some(aid);
+            }
+            self.blocks[id].next = Some(aid);
+            self.insert_free(aid);
+        }
+        {
+            let b = &mut self.blocks[id];
+            b.addr = uptr;
+            b.size = usize_;
+            b.mapped = false;
+        }
+        let (p, n) = (self.blocks[id].prev, self.blocks[id].next);
+        self.try_merge_blocks(id, p);
+        self.try_merge_blocks(id, n);
+        self.insert_free(id);
+        self.total_allocated_memory -= usize_;
+        let small = self.is_small(pool);
+        self.stat_down(Array::ReservedBytes, small, usize_);
+        self.stats.num_device_free += 1;
+        self.trace(Action::SegmentUnmap, uptr, usize_, stream, self.current_stack);
+        Ok(())
+    }
+
+    /// The policy's `reclaim_before_growth`: when growing by `need` bytes would pass the
+    /// high-water mark, unmaps whole free pages of the pool's expandable segments, largest free
+    /// blocks first, until the growth fits under the mark (or nothing is left to unmap). Blocks
+    /// keep their addresses; only their backing goes.
+    pub(super) fn reclaim_free_pages(&mut self, pool: PoolId, need: u64) -> Result<(), AllocError> {
+        let g = self.device.granularity();
+        let mut cursor: Option<crate::block::SizeKey> = None;
+        while self.total_allocated_memory + need > self.reclaim_watermark {
+            // Walk the free set from the largest key down; unmapping changes the set, so look
+            // the next key up below the last one instead of holding an iterator.
+            let set = &self.pools[pool.0 as usize].blocks;
+            let Some(key) = set.prev_key(cursor) else { break };
+            cursor = Some(key);
+            if key.1 >= g && self.blocks[key.3].expandable {
+                self.unmap_block(key.3)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns a wholly unmapped expandable segment's address space.
+    pub(super) fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let seg = self.blocks[id].segment;
+        debug_assert!(!self.blocks[id].mapped && self.blocks[id].size == self.segments[seg].size);
+        self.remove_free(id);
+        self.blocks.remove(id);
+        let s = self.segments.remove(seg);
+        self.device.release_reservation(s.base, s.size)?;
+        Ok(())
+    }
+}
