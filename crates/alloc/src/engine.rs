@@ -24,10 +24,10 @@
 //!
 //! ## Where each part lives
 //! This file: the engine's state and malloc (the fallback ladder, best fit, splitting).
-//! [`bookkeeping`]: stat updates, history entries, pool lookups. [`expandable`]: segments
-//! that grow by mapping pages. [`free`]: free and merge. [`events`]: streams and events.
-//! [`release`]: returning cached memory. [`settings`]: the memory fraction and read-only
-//! views. [`private_pools`]: CUDA-graph and `MemPool` pools. [`tags`]: sleep and wake.
+//! `engine/bookkeeping.rs`: stat updates, history entries, pool lookups. `engine/expandable.rs`: segments
+//! that grow by mapping pages. `engine/free.rs`: free and merge. `engine/events.rs`: streams and events.
+//! `engine/release.rs`: returning cached memory. `engine/settings.rs`: the memory fraction and read-only
+//! views. `engine/private_pools.rs`: CUDA-graph and `MemPool` pools. `engine/tags.rs`: sleep and wake.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
