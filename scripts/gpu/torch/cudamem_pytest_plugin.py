@@ -157,8 +157,9 @@ def pytest_report_header(config):
     return list(_header)
 
 
-def pytest_collection_finish(session):
-    _event(ev="collected", ids=[item.nodeid for item in session.items])
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(items):
+    _event(ev="collected", ids=[item.nodeid for item in items])
 
 
 @pytest.hookimpl(hookwrapper=True)
