@@ -98,7 +98,8 @@ impl<'a> Bytes<'a> {
 pub const AVOID_KNOWN_BUGS: bool = false;
 
 /// The policies the allocator target picks from.
-pub const POLICIES: [&str; 3] = ["pytorch", "pytorch-expandable", "cudamem"];
+/// Every registered policy, so that the fuzzer drives each one.
+pub const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 
 /// Settings strings the allocator target starts from or switches to (valid and invalid ones).
 pub const SETTINGS: [&str; 14] = [

@@ -13,7 +13,8 @@ use cudamem_device::sim::{EventMode, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 use cudamem_trace::BlockState;
 
-const POLICIES: [&str; 3] = ["pytorch", "pytorch-expandable", "cudamem"];
+/// Every registered policy: misuse must be caught whichever decides.
+const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 const MIB: u64 = 1 << 20;
 /// A multiple of 20 MiB (PyTorch's expandable large page), so that `capacity` itself fits.
 const CAPACITY: u64 = 1000 * MIB;
@@ -91,7 +92,7 @@ const FREED: &str = "not allocated: freed already (double free?) or never handed
 
 #[test]
 fn double_free_is_rejected_and_changes_nothing() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let keep = a.malloc(4096, S0).unwrap();
         let p = a.malloc(4096, S0).unwrap();
@@ -111,7 +112,7 @@ fn double_free_is_rejected_and_changes_nothing() {
 
 #[test]
 fn double_free_of_a_block_still_waiting_for_its_stream_is_rejected() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let p = a.malloc(3 * MIB, S0).unwrap();
         a.record_stream(p, S1).unwrap();
@@ -128,7 +129,7 @@ fn double_free_of_a_block_still_waiting_for_its_stream_is_rejected() {
 
 #[test]
 fn free_of_a_foreign_pointer_is_rejected() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let keep = a.malloc(4096, S0).unwrap();
         // Memory of the same device that another user obtained directly.
@@ -155,7 +156,7 @@ fn free_of_a_foreign_pointer_is_rejected() {
 
 #[test]
 fn free_of_null_is_a_no_op() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let before = a.memory_stats();
         a.free(0).unwrap();
@@ -165,7 +166,7 @@ fn free_of_null_is_a_no_op() {
 
 #[test]
 fn free_of_an_interior_pointer_is_rejected() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let p = a.malloc(MIB + 1, S0).unwrap(); // block of 1 MiB + 512
         let before = a.memory_stats();
@@ -195,7 +196,7 @@ fn free_of_an_interior_pointer_is_rejected() {
 
 #[test]
 fn free_on_the_wrong_device_is_rejected() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim0, sim1) = (device(0), device(1));
         let (a0, a1) = (allocator(&sim0, policy), allocator(&sim1, policy));
         let p0 = a0.malloc(4096, S0).unwrap();
@@ -220,7 +221,7 @@ fn free_on_the_wrong_device_is_rejected() {
 /// commit 44c526c: each ordinal has its own range).
 #[test]
 fn wrong_device_free_cannot_hit_an_allocation_of_the_other_device() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim0, sim1) = (device(0), device(1));
         let (a0, a1) = (allocator(&sim0, policy), allocator(&sim1, policy));
         let p0 = a0.malloc(4096, S0).unwrap();
@@ -240,7 +241,7 @@ fn wrong_device_free_cannot_hit_an_allocation_of_the_other_device() {
 
 #[test]
 fn record_stream_on_a_freed_block_is_rejected() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let keep = a.malloc(4096, S0).unwrap();
         let p = a.malloc(4096, S0).unwrap();
@@ -268,7 +269,7 @@ fn record_stream_on_a_freed_block_is_rejected() {
 
 #[test]
 fn record_stream_with_the_blocks_own_stream_is_a_no_op() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let p = a.malloc(3 * MIB, S1).unwrap();
         let before = a.memory_stats();
@@ -287,7 +288,7 @@ fn record_stream_with_the_blocks_own_stream_is_a_no_op() {
 
 #[test]
 fn record_stream_on_another_stream_defers_reuse_until_that_stream_completes() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let p = a.malloc(3 * MIB, S0).unwrap();
         a.record_stream(p, S1).unwrap();
@@ -310,7 +311,7 @@ fn record_stream_on_another_stream_defers_reuse_until_that_stream_completes() {
 
 #[test]
 fn empty_cache_keeps_live_blocks_intact() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let sizes = [
             4096u64,
@@ -389,7 +390,7 @@ fn empty_cache_keeps_live_blocks_intact() {
 
 #[test]
 fn empty_cache_with_pending_frees_waits_for_them_and_keeps_live_blocks() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let live = a.malloc(3 * MIB, S0).unwrap();
         let pending = a.malloc(3 * MIB, S0).unwrap();
@@ -424,7 +425,7 @@ const OK_SIZES: [(u64, u64); 10] = [
 
 #[test]
 fn size_zero_returns_null_and_changes_nothing() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let before = a.memory_stats();
         assert_eq!(a.malloc(0, S0).unwrap(), 0, "{policy}");
@@ -436,7 +437,7 @@ fn size_zero_returns_null_and_changes_nothing() {
 
 #[test]
 fn sizes_at_every_boundary_are_served_with_pytorchs_rounding() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         for (size, rounded) in OK_SIZES.into_iter().chain([(CAPACITY, CAPACITY)]) {
             let (sim, a) = setup(policy);
             let p = a
@@ -491,7 +492,7 @@ fn oom(r: Result<u64, AllocError>) -> Box<cudamem_alloc::OutOfMemory> {
 
 #[test]
 fn one_byte_more_than_the_device_is_out_of_memory() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let before = a.memory_stats();
         let o = oom(a.malloc(CAPACITY + 1, S0));
@@ -520,7 +521,7 @@ fn one_byte_more_than_the_device_is_out_of_memory() {
 
 #[test]
 fn just_below_one_exabyte_is_an_ordinary_out_of_memory() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let o = oom(a.malloc((1 << 60) - 1, S0));
         assert!(!o.over_one_exabyte);
@@ -537,7 +538,7 @@ fn just_below_one_exabyte_is_an_ordinary_out_of_memory() {
 
 #[test]
 fn one_exabyte_and_more_is_refused_without_trying() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let before = a.memory_stats();
         for size in [1u64 << 60, 1 << 63, u64::MAX] {
@@ -692,7 +693,7 @@ fn bad_configs_are_rejected_naming_the_key() {
 
 #[test]
 fn bad_configs_at_runtime_change_nothing() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         a.set_settings("max_split_size_mb:64,garbage_collection_threshold:0.5")
             .unwrap();
@@ -737,7 +738,7 @@ fn an_unknown_policy_is_rejected_naming_the_known_ones() {
 
 #[test]
 fn invalid_memory_fractions_are_rejected_and_keep_the_limit() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         a.set_memory_fraction(0.5).unwrap();
         for (f, text) in [
@@ -770,7 +771,7 @@ fn invalid_memory_fractions_are_rejected_and_keep_the_limit() {
 
 #[test]
 fn memory_fraction_zero_allows_no_new_device_memory() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         a.set_memory_fraction(0.0).unwrap();
         for size in [1u64, 512, MIB, 30 * MIB] {
@@ -793,7 +794,7 @@ fn memory_fraction_zero_allows_no_new_device_memory() {
 #[test]
 fn memory_fraction_zero_still_serves_from_the_cache() {
     // As in PyTorch, the limit applies to new device memory: cached blocks stay usable.
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         let p = a.malloc(3 * MIB, S0).unwrap();
         a.free(p).unwrap();
@@ -807,7 +808,7 @@ fn memory_fraction_zero_still_serves_from_the_cache() {
 
 #[test]
 fn memory_fraction_one_allows_the_whole_device() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = setup(policy);
         a.set_memory_fraction(1.0).unwrap();
         let p = a.malloc(CAPACITY, S0).unwrap();
@@ -894,7 +895,7 @@ fn oom_retry_never_releases_a_split_block_after_max_split_size_is_lowered() {
 /// Fixed in commit 44c526c.
 #[test]
 fn lowering_max_split_size_at_run_time_keeps_the_oversize_counts_consistent() {
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let (sim, a) = small(256 * MIB, policy, "");
         let p = a.malloc(60 * MIB, S0).unwrap();
         a.set_settings("max_split_size_mb:20").unwrap();

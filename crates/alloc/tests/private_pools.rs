@@ -26,7 +26,7 @@ fn setup(policy: &str, mode: EventMode) -> (Arc<SimDevice>, CachingAllocator) {
     (sim, a)
 }
 
-const POLICIES: &[&str] = &["pytorch", "cudamem", "pytorch-expandable"];
+const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 
 #[test]
 fn a_private_pool_never_hands_its_blocks_elsewhere() {

@@ -12,7 +12,7 @@ use cudamem_device::{Device, StreamId};
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(0);
 const S1: StreamId = StreamId(1);
-const POLICIES: &[&str] = &["pytorch", "cudamem", "cudamem-compact", "pytorch-expandable"];
+const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 
 fn setup_with(policy: &str, capacity: u64, mode: EventMode) -> (Arc<SimDevice>, CachingAllocator) {
     let sim = Arc::new(SimDevice::new(SimConfig {

@@ -9,7 +9,7 @@ use cudamem_device::{Device, StreamId};
 
 const MIB: u64 = 1 << 20;
 const S0: StreamId = StreamId(0);
-const POLICIES: &[&str] = &["pytorch", "cudamem", "cudamem-compact", "pytorch-expandable"];
+const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 
 fn setup(policy: &str, capacity: u64) -> (Arc<SimDevice>, CachingAllocator) {
     let sim = Arc::new(SimDevice::new(SimConfig {

@@ -30,7 +30,8 @@ use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice, H
 use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
 use cudamem_replay::{effective_config, Op, Program, ReplayOptions};
 
-const POLICIES: [&str; 3] = ["pytorch", "pytorch-expandable", "cudamem"];
+/// Every registered policy: a fault must be survived whichever decides.
+const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 /// Private streams for deferred frees, far above real stream handles.
 const DEFERRED: u64 = 0xdef0_0000_0000_0000;
 /// Invariants are checked every this many ops during a run (and at its end).
@@ -332,7 +333,7 @@ fn fault_runs(name: &str) {
     let trace = cudamem_trace::read_path(&data(&format!("{name}.pickle.gz"))).unwrap();
     let (random, nth) = plans();
     let mut total = Tally::default();
-    for policy in POLICIES {
+    for &policy in POLICIES {
         let opts = ReplayOptions {
             policy: policy.into(),
             repeats: 0,
