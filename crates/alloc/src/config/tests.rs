@@ -1,0 +1,763 @@
+//! Unit tests of `config`: they use its private items.
+
+use super::*;
+
+fn parse(s: &str) -> AllocatorConfig {
+    AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s:?} rejected: {e}"))
+}
+
+fn error(s: &str) -> String {
+    match AllocatorConfig::parse(s) {
+        Ok(c) => panic!("{s:?} accepted: {c:?}"),
+        Err(e) => {
+            assert_eq!(e.to_string(), e.message());
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn defaults_are_pytorchs() {
+    let c = AllocatorConfig::default();
+    assert_eq!(c.max_split_size, u64::MAX);
+    assert_eq!(c.max_non_split_rounding, 20 * MIB);
+    assert_eq!(c.roundup_power2_divisions, [0; 16]);
+    assert_eq!(c.garbage_collection_threshold, 0.0);
+    assert!(!c.expandable_segments);
+    assert!(!c.release_lock_on_cudamalloc);
+    assert!(!c.pinned_use_cuda_host_register);
+    assert_eq!(c.pinned_num_register_threads, 1);
+    assert!(!c.pinned_use_background_threads);
+    assert_eq!(c.pinned_reserve_segment_size_mb, 0);
+    assert!(!c.graph_capture_record_stream_reuse);
+    assert_eq!(c.large_segment_size, 20 * MIB);
+    assert_eq!(c.per_process_memory_fraction, 1.0);
+    assert_eq!(c.backend, Backend::Native);
+    assert_eq!(c.policy, None);
+    assert_eq!(c.settings, "");
+}
+
+#[test]
+fn empty_and_blank_strings_give_defaults() {
+    assert_eq!(parse(""), AllocatorConfig::default());
+    let blank = parse(" \t\n ");
+    assert_eq!(blank.settings, " \t\n ");
+    assert_eq!(
+        AllocatorConfig {
+            settings: String::new(),
+            ..blank
+        },
+        AllocatorConfig::default()
+    );
+    assert_eq!("".parse::<AllocatorConfig>().unwrap(), AllocatorConfig::default());
+}
+
+#[test]
+fn settings_string_is_kept_verbatim() {
+    let s = " expandable_segments : True , max_split_size_mb:64 ";
+    let c = parse(s);
+    assert_eq!(c.settings, s);
+    assert!(c.expandable_segments);
+    assert_eq!(c.max_split_size, 64 * MIB);
+}
+
+#[test]
+fn max_split_size_mb() {
+    assert_eq!(parse("max_split_size_mb:128").max_split_size, 128 * MIB);
+    assert_eq!(parse("max_split_size_mb:20").max_split_size, 20 * MIB);
+    assert_eq!(
+        error("max_split_size_mb:19"),
+        "max_split_size_mb: '19' is below the minimum of 20 MiB"
+    );
+    assert_eq!(
+        error("max_split_size_mb:10"),
+        "max_split_size_mb: '10' is below the minimum of 20 MiB"
+    );
+    // PyTorch clamps the MiB count to SIZE_MAX / 1 MiB.
+    assert_eq!(
+        parse("max_split_size_mb:99999999999999999").max_split_size,
+        (u64::MAX / MIB) * MIB
+    );
+    for bad in ["abc", "-1", "20abc", "2.5", "0x20", "+20"] {
+        assert_eq!(
+            error(&format!("max_split_size_mb:{bad}")),
+            format!("max_split_size_mb: expected a non-negative integer, got '{bad}'")
+        );
+    }
+    assert!(error("max_split_size_mb:99999999999999999999999").contains("'99999999999999999999999' is too large"));
+}
+
+#[test]
+fn max_non_split_rounding_mb() {
+    assert_eq!(parse("max_non_split_rounding_mb:64").max_non_split_rounding, 64 * MIB);
+    assert_eq!(parse("max_non_split_rounding_mb:20").max_non_split_rounding, 20 * MIB);
+    assert_eq!(
+        error("max_non_split_rounding_mb:19"),
+        "max_non_split_rounding_mb: '19' is below the minimum of 20 MiB"
+    );
+}
+
+#[test]
+fn large_segment_size_mb_bounds_the_split_sizes_wherever_it_appears() {
+    let c = parse("large_segment_size_mb:40");
+    assert_eq!(c.large_segment_size, 40 * MIB);
+    assert_eq!(c.max_non_split_rounding, 40 * MIB);
+    assert_eq!(parse("large_segment_size_mb:11").large_segment_size, 11 * MIB);
+    assert_eq!(
+        error("large_segment_size_mb:10"),
+        "large_segment_size_mb: '10' must be greater than 10 MiB"
+    );
+    assert_eq!(
+        error("max_split_size_mb:30,large_segment_size_mb:40"),
+        "max_split_size_mb: '30' is below the minimum of 40 MiB"
+    );
+    assert_eq!(
+        error("large_segment_size_mb:40,max_non_split_rounding_mb:30"),
+        "max_non_split_rounding_mb: '30' is below the minimum of 40 MiB"
+    );
+    let c = parse("max_split_size_mb:12,large_segment_size_mb:12,max_non_split_rounding_mb:16");
+    assert_eq!((c.max_split_size, c.max_non_split_rounding), (12 * MIB, 16 * MIB));
+}
+
+#[test]
+fn garbage_collection_threshold() {
+    assert_eq!(
+        parse("garbage_collection_threshold:0.6").garbage_collection_threshold,
+        0.6
+    );
+    assert_eq!(
+        parse("garbage_collection_threshold:.5").garbage_collection_threshold,
+        0.5
+    );
+    for bad in ["0", "0.0", "1", "1.0", "1.5", "-0.5", "nan", "inf"] {
+        assert_eq!(
+            error(&format!("garbage_collection_threshold:{bad}")),
+            format!("garbage_collection_threshold: '{bad}' must be greater than 0.0 and less than 1.0")
+        );
+    }
+    assert_eq!(
+        error("garbage_collection_threshold:half"),
+        "garbage_collection_threshold: expected a number, got 'half'"
+    );
+}
+
+#[test]
+fn per_process_memory_fraction() {
+    assert_eq!(parse("per_process_memory_fraction:0").per_process_memory_fraction, 0.0);
+    assert_eq!(parse("per_process_memory_fraction:1").per_process_memory_fraction, 1.0);
+    assert_eq!(
+        parse("per_process_memory_fraction:0.25").per_process_memory_fraction,
+        0.25
+    );
+    for bad in ["1.5", "-0.1", "NaN"] {
+        assert_eq!(
+            error(&format!("per_process_memory_fraction:{bad}")),
+            format!("per_process_memory_fraction: '{bad}' must be between 0.0 and 1.0")
+        );
+    }
+}
+
+#[test]
+fn roundup_power2_divisions_single_value() {
+    assert_eq!(parse("roundup_power2_divisions:4").roundup_power2_divisions, [4; 16]);
+    assert_eq!(parse("roundup_power2_divisions:1").roundup_power2_divisions, [1; 16]);
+    // A single value must be a power of two: 0 is refused here (but not
+    // in the list form), as in PyTorch.
+    assert_eq!(
+        error("roundup_power2_divisions:0"),
+        "roundup_power2_divisions: '0' must be a power of two"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:3"),
+        "roundup_power2_divisions: '3' must be a power of two"
+    );
+}
+
+#[test]
+fn roundup_power2_divisions_list() {
+    // Bucket 0 (1 MiB) gets 8, bucket 8 (256 MiB) 4, '>' fills 9..=15;
+    // buckets 1..=7 are never named and keep 0.
+    assert_eq!(
+        parse("roundup_power2_divisions:[1:8,256:4,>:1]").roundup_power2_divisions,
+        [8, 0, 0, 0, 0, 0, 0, 0, 4, 1, 1, 1, 1, 1, 1, 1]
+    );
+    // PyTorch's documented example: the first value fills lower buckets.
+    assert_eq!(
+        parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").roundup_power2_divisions,
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 8, 8, 8, 8]
+    );
+    assert_eq!(
+        parse("roundup_power2_divisions: [ 64 : 8 , 128 : 2 ]").roundup_power2_divisions,
+        [8, 8, 8, 8, 8, 8, 8, 2, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+    // Intervals past 32 GiB clamp to the last bucket.
+    assert_eq!(
+        parse("roundup_power2_divisions:[65536:2]").roundup_power2_divisions,
+        [2; 16]
+    );
+    // '>' alone starts after bucket 0.
+    let mut expected = [2; 16];
+    expected[0] = 0;
+    assert_eq!(
+        parse("roundup_power2_divisions:[>:2]").roundup_power2_divisions,
+        expected
+    );
+    // 0 disables a bucket; an empty list and a trailing comma are fine.
+    assert_eq!(
+        parse("roundup_power2_divisions:[1:0]").roundup_power2_divisions,
+        [0; 16]
+    );
+    assert_eq!(parse("roundup_power2_divisions:[]").roundup_power2_divisions, [0; 16]);
+    assert_eq!(parse("roundup_power2_divisions:[1:4,]").roundup_power2_divisions[0], 4);
+    // Later entries override earlier ones.
+    assert_eq!(
+        parse("roundup_power2_divisions:[1:4,1:2]").roundup_power2_divisions[0],
+        2
+    );
+}
+
+#[test]
+fn roundup_power2_divisions_list_errors() {
+    assert_eq!(
+        error("roundup_power2_divisions:[3:2]"),
+        "roundup_power2_divisions: interval '3' must be a power of two (a size in MiB) or '>'"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[0:2]"),
+        "roundup_power2_divisions: interval '0' must be a power of two (a size in MiB) or '>'"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[256:3]"),
+        "roundup_power2_divisions: divisions '3' for interval '256' must be a power of two or 0"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[a:2]"),
+        "roundup_power2_divisions: expected a non-negative integer, got 'a'"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[1:2:3]"),
+        "roundup_power2_divisions: expected 'interval:divisions' in the list, got '1:2:3'"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[1]"),
+        "roundup_power2_divisions: expected 'interval:divisions' in the list, got '1'"
+    );
+    assert_eq!(
+        error("roundup_power2_divisions:[1:8"),
+        "roundup_power2_divisions: missing ']' at the end of the list in allocator config \
+         'roundup_power2_divisions:[1:8'"
+    );
+    assert!(error("roundup_power2_divisions:[1:8,,2:4]").contains("empty item in the list"));
+    assert!(error("roundup_power2_divisions:[1:[2]]").contains("'[' inside a list"));
+}
+
+#[test]
+fn boolean_keys_take_exactly_true_or_false() {
+    type Get = fn(&AllocatorConfig) -> bool;
+    let keys: [(&str, Get); 7] = [
+        ("expandable_segments", |c| c.expandable_segments),
+        ("release_lock_on_cudamalloc", |c| c.release_lock_on_cudamalloc),
+        ("release_lock_on_hipmalloc", |c| c.release_lock_on_cudamalloc),
+        ("pinned_use_cuda_host_register", |c| c.pinned_use_cuda_host_register),
+        ("pinned_use_hip_host_register", |c| c.pinned_use_cuda_host_register),
+        ("pinned_use_background_threads", |c| c.pinned_use_background_threads),
+        ("graph_capture_record_stream_reuse", |c| {
+            c.graph_capture_record_stream_reuse
+        }),
+    ];
+    for (key, get) in keys {
+        assert!(get(&parse(&format!("{key}:True"))), "{key}");
+        assert!(!get(&parse(&format!("{key}:False"))), "{key}");
+        assert!(
+            error(&format!("{key}:True,{key}:False")).contains("given twice"),
+            "{key}"
+        );
+        for bad in ["true", "false", "1", "0", "TRUE", "yes"] {
+            let e = AllocatorConfig::parse(&format!("{key}:{bad}")).unwrap_err();
+            assert_eq!(e.to_string(), format!("{key}: expected True or False, got '{bad}'"));
+            assert_eq!(e.key(), key);
+        }
+    }
+}
+
+#[test]
+fn pinned_num_register_threads() {
+    assert_eq!(parse("pinned_num_register_threads:8").pinned_num_register_threads, 8);
+    assert_eq!(parse("pinned_num_register_threads:1").pinned_num_register_threads, 1);
+    assert_eq!(
+        parse("pinned_num_register_threads:128").pinned_num_register_threads,
+        128
+    );
+    assert_eq!(
+        error("pinned_num_register_threads:256"),
+        "pinned_num_register_threads: '256' exceeds the maximum of 128"
+    );
+    assert_eq!(
+        error("pinned_num_register_threads:3"),
+        "pinned_num_register_threads: '3' must be a power of two"
+    );
+    assert_eq!(
+        error("pinned_num_register_threads:0"),
+        "pinned_num_register_threads: '0' must be a power of two"
+    );
+}
+
+#[test]
+fn pinned_reserve_segment_size_mb() {
+    assert_eq!(
+        parse("pinned_reserve_segment_size_mb:64").pinned_reserve_segment_size_mb,
+        64
+    );
+    assert_eq!(
+        error("pinned_reserve_segment_size_mb:0"),
+        "pinned_reserve_segment_size_mb: '0' must be greater than 0"
+    );
+}
+
+#[test]
+fn backend_and_policy() {
+    assert_eq!(parse("backend:native").backend, Backend::Native);
+    assert_eq!(parse("backend:cudaMallocAsync").backend, Backend::CudaMallocAsync);
+    assert_eq!(Backend::CudaMallocAsync.to_string(), "cudaMallocAsync");
+    assert_eq!(
+        error("backend:hipMallocAsync"),
+        "backend: unknown backend 'hipMallocAsync', expected native or cudaMallocAsync"
+    );
+    assert_eq!(parse("policy:cudamem").policy.as_deref(), Some("cudamem"));
+    assert!(parse("sharded:True").sharded && !parse("sharded:False").sharded && !parse("").sharded);
+    assert!(error("sharded:yes").starts_with("sharded:"), "{}", error("sharded:yes"));
+    assert_eq!(
+        parse("policy: pytorch-expandable ").policy.as_deref(),
+        Some("pytorch-expandable")
+    );
+    assert_eq!(
+        error("policy:[a:b]"),
+        "policy: expected a single value, got the list '[a:b]'"
+    );
+}
+
+#[test]
+fn syntax_errors_name_the_key_and_the_text() {
+    let e = AllocatorConfig::parse("foo:1").unwrap_err();
+    assert_eq!(e.to_string(), "unrecognized key 'foo' in allocator config 'foo:1'");
+    assert_eq!(e.key(), "foo");
+    // Keys are case-sensitive, and newer PyTorch keys cudamem lacks are refused.
+    assert!(error("Expandable_Segments:True").starts_with("unrecognized key 'Expandable_Segments'"));
+    assert!(error("throw_on_cudamalloc_oom:True").starts_with("unrecognized key"));
+    assert_eq!(
+        error(",expandable_segments:True"),
+        "empty key before ',' in allocator config ',expandable_segments:True'"
+    );
+    assert_eq!(
+        error("expandable_segments:True,,policy:x"),
+        "empty key before ',' in allocator config 'expandable_segments:True,,policy:x'"
+    );
+    assert_eq!(error(":True"), "empty key before ':' in allocator config ':True'");
+    assert_eq!(error("[1:2]"), "expected a key, got '[' in allocator config '[1:2]'");
+    assert_eq!(
+        error("expandable_segments"),
+        "expandable_segments: expected ':' after the key, got the end in allocator config \
+         'expandable_segments'"
+    );
+    assert_eq!(
+        error("expandable_segments,True"),
+        "expandable_segments: expected ':' after the key, got ',' in allocator config \
+         'expandable_segments,True'"
+    );
+    assert_eq!(
+        error("expandable_segments:"),
+        "expandable_segments: missing value in allocator config 'expandable_segments:'"
+    );
+    assert_eq!(
+        error("expandable_segments:,policy:x"),
+        "expandable_segments: missing value before ',' in allocator config \
+         'expandable_segments:,policy:x'"
+    );
+    // Whitespace is dropped, so a missing comma glues tokens together.
+    assert_eq!(
+        error("expandable_segments:True max_split_size_mb:30"),
+        "expandable_segments: expected ',' after the value 'Truemax_split_size_mb', got ':' \
+         in allocator config 'expandable_segments:True max_split_size_mb:30'"
+    );
+    assert_eq!(
+        error("expandable_segments:[True]"),
+        "expandable_segments: expected a single value, got the list '[True]'"
+    );
+    // A later syntax error stops earlier keys from being applied too.
+    assert!(error("expandable_segments:True,bogus").contains("bogus"));
+}
+
+#[test]
+fn trailing_comma_accepted() {
+    let c = parse("max_split_size_mb:64,expandable_segments:True,");
+    assert_eq!(c.max_split_size, 64 * MIB);
+    assert!(c.expandable_segments);
+}
+
+#[test]
+fn a_key_given_twice_in_one_string_is_an_error_naming_it() {
+    let e = AllocatorConfig::parse("max_split_size_mb:100,max_split_size_mb:200").unwrap_err();
+    assert_eq!(e.key(), "max_split_size_mb");
+    assert!(
+        e.to_string().starts_with("max_split_size_mb: the key is given twice"),
+        "{e}"
+    );
+    assert!(error("policy:a,expandable_segments:True,policy:b").contains("policy: the key is given twice"));
+    // Even with the same value, and through a HIP alias.
+    assert!(error("sharded:True,sharded:True").contains("given twice"));
+    let e = AllocatorConfig::parse("release_lock_on_cudamalloc:True,release_lock_on_hipmalloc:False").unwrap_err();
+    assert_eq!(e.key(), "release_lock_on_hipmalloc");
+    assert!(e.to_string().contains("(as 'release_lock_on_cudamalloc')"), "{e}");
+    // Nothing of a rejected string is applied at run time either.
+    let mut c = parse("expandable_segments:True");
+    assert!(c.apply("expandable_segments:False,expandable_segments:False").is_err());
+    assert!(c.expandable_segments);
+}
+
+#[test]
+fn apply_sets_keys_the_base_configuration_had() {
+    // Layering: each string may set a key once, whatever the strings under it set.
+    let mut c = parse("max_split_size_mb:100,expandable_segments:True,policy:a");
+    c.apply("max_split_size_mb:200,expandable_segments:False").unwrap();
+    assert_eq!(c.max_split_size, 200 * MIB);
+    assert!(!c.expandable_segments);
+    c.apply("max_split_size_mb:300,policy:b").unwrap();
+    assert_eq!(c.max_split_size, 300 * MIB);
+    assert_eq!(c.policy.as_deref(), Some("b"));
+}
+
+#[test]
+fn apply_resets_three_fields_and_keeps_the_rest() {
+    let mut c = parse(
+        "max_split_size_mb:64,garbage_collection_threshold:0.6,roundup_power2_divisions:4,\
+         max_non_split_rounding_mb:40,expandable_segments:True,policy:cudamem,\
+         pinned_num_register_threads:2,large_segment_size_mb:32",
+    );
+    c.apply("pinned_num_register_threads:4").unwrap();
+    assert_eq!(c.max_split_size, u64::MAX);
+    assert_eq!(c.garbage_collection_threshold, 0.0);
+    assert_eq!(c.roundup_power2_divisions, [0; 16]);
+    // max_non_split_rounding goes back to the large segment size, which stays.
+    assert_eq!(c.large_segment_size, 32 * MIB);
+    assert_eq!(c.max_non_split_rounding, 32 * MIB);
+    assert!(c.expandable_segments);
+    assert_eq!(c.policy.as_deref(), Some("cudamem"));
+    assert_eq!(c.pinned_num_register_threads, 4);
+    assert_eq!(c.settings, "pinned_num_register_threads:4");
+
+    c.apply("").unwrap();
+    assert_eq!(c.settings, "");
+    assert!(c.expandable_segments);
+    c.apply("expandable_segments:False").unwrap();
+    assert!(!c.expandable_segments);
+}
+
+#[test]
+fn apply_is_atomic_on_error() {
+    let mut c = parse("max_split_size_mb:64,expandable_segments:True");
+    let before = c.clone();
+    // The first key is valid, the second not: nothing may change.
+    let e = c.apply("expandable_segments:False,max_split_size_mb:1").unwrap_err();
+    assert_eq!(e.key(), "max_split_size_mb");
+    assert_eq!(c, before);
+    assert!(c.apply("expandable_segments:False,nope:1").is_err());
+    assert_eq!(c, before);
+    assert!(c.apply("expandable_segments:False,").is_ok());
+    assert!(!c.expandable_segments);
+}
+
+#[test]
+fn backend_cannot_change_at_runtime() {
+    let mut c = AllocatorConfig::default();
+    assert_eq!(
+        c.apply("backend:cudaMallocAsync").unwrap_err().to_string(),
+        "backend: 'cudaMallocAsync' differs from the backend chosen at startup, 'native'; \
+         the backend cannot change at runtime"
+    );
+    c.apply("backend:native").unwrap();
+    let mut c = parse("backend:cudaMallocAsync");
+    c.apply("backend:cudaMallocAsync,expandable_segments:True").unwrap();
+    assert!(c.apply("backend:native").is_err());
+    assert_eq!(c.backend, Backend::CudaMallocAsync);
+}
+
+#[test]
+fn from_env_priority() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |var: &str| pairs.iter().find(|(k, _)| *k == var).map(|(_, v)| v.to_string())
+    };
+    assert_eq!(
+        AllocatorConfig::from_env_with(env(&[])).unwrap(),
+        AllocatorConfig::default()
+    );
+    let c = AllocatorConfig::from_env_with(env(&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:64")])).unwrap();
+    assert_eq!(c.max_split_size, 64 * MIB);
+    assert_eq!(c.settings, "max_split_size_mb:64");
+    let c = AllocatorConfig::from_env_with(env(&[
+        ("PYTORCH_ALLOC_CONF", "max_split_size_mb:64"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:32"),
+    ]))
+    .unwrap();
+    assert_eq!(c.max_split_size, 32 * MIB);
+    let c = AllocatorConfig::from_env_with(env(&[
+        ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:32"),
+        ("CUDAMEM_ALLOC_CONF", "policy:cudamem"),
+    ]))
+    .unwrap();
+    assert_eq!((c.max_split_size, c.policy.as_deref()), (u64::MAX, Some("cudamem")));
+    // Set but empty still wins, giving the defaults.
+    let c = AllocatorConfig::from_env_with(env(&[
+        ("PYTORCH_CUDA_ALLOC_CONF", ""),
+        ("PYTORCH_ALLOC_CONF", "expandable_segments:True"),
+    ]))
+    .unwrap();
+    assert_eq!(c, AllocatorConfig::default());
+    // At startup the backend may be chosen; errors come through.
+    let c = AllocatorConfig::from_env_with(env(&[("PYTORCH_HIP_ALLOC_CONF", "backend:cudaMallocAsync")])).unwrap();
+    assert_eq!(c.backend, Backend::CudaMallocAsync);
+    assert!(AllocatorConfig::from_env_with(env(&[("CUDAMEM_ALLOC_CONF", "x:1")])).is_err());
+}
+
+#[test]
+fn roundup_bucket_layout() {
+    let b = AllocatorConfig::roundup_power2_bucket;
+    assert_eq!(b(0), 0);
+    assert_eq!(b(1), 0);
+    assert_eq!(b(MIB), 0);
+    assert_eq!(b(2 * MIB - 1), 0);
+    assert_eq!(b(2 * MIB), 1);
+    assert_eq!(b(256 * MIB), 8);
+    assert_eq!(b(16 << 30), 14);
+    assert_eq!(b(32 << 30), 15);
+    assert_eq!(b(64 << 30), 15);
+    assert_eq!(b(u64::MAX), 15);
+    let mut c = AllocatorConfig::default();
+    for (i, d) in c.roundup_power2_divisions.iter_mut().enumerate() {
+        *d = i as u64 + 100;
+    }
+    assert_eq!(c.roundup_power2_divisions_for(3 * MIB), 101);
+    assert_eq!(c.roundup_power2_divisions_for(100), 100);
+}
+
+#[test]
+fn round_size_default_is_512_multiples() {
+    let c = AllocatorConfig::default();
+    assert_eq!(c.round_size(0), 512);
+    assert_eq!(c.round_size(1), 512);
+    assert_eq!(c.round_size(511), 512);
+    assert_eq!(c.round_size(512), 512);
+    assert_eq!(c.round_size(513), 1024);
+    assert_eq!(c.round_size(1200), 1536);
+    assert_eq!(c.round_size(MIB + 1), MIB + 512);
+    assert_eq!(c.round_size(5 * MIB + 1), 5 * MIB + 512);
+}
+
+#[test]
+fn roundup_power2_next_division_examples() {
+    // The reference's example: 1200 with 4 divisions is 1280.
+    assert_eq!(roundup_power2_next_division(1200, 4), 1280);
+    assert_eq!(roundup_power2_next_division(1024, 4), 1024);
+    assert_eq!(roundup_power2_next_division(1280, 4), 1280);
+    assert_eq!(roundup_power2_next_division(1281, 4), 1536);
+    assert_eq!(roundup_power2_next_division(1800, 2), 2048);
+    assert_eq!(roundup_power2_next_division(5 * MIB + 1, 4), 6 * MIB);
+    // A step of 0 (more divisions than bytes in the interval) doubles the floor.
+    assert_eq!(roundup_power2_next_division(1000, 1 << 20), 1024);
+}
+
+#[test]
+fn round_size_with_divisions() {
+    let c = parse("roundup_power2_divisions:4");
+    // Only sizes above 512 * divisions use the divisions: 1200 <= 2048.
+    assert_eq!(c.round_size(1200), 1536);
+    assert_eq!(c.round_size(2049), 2560);
+    assert_eq!(c.round_size(5 * MIB + 1), 6 * MIB);
+    assert_eq!(c.round_size(4 * MIB), 4 * MIB);
+    assert_eq!(c.round_size(300 * MIB), 320 * MIB);
+
+    let c = parse("roundup_power2_divisions:[1:8,256:4,>:1]");
+    assert_eq!(c.round_size(MIB + MIB / 2 + 1), MIB + MIB / 2 + MIB / 8);
+    // Bucket 1 was never named: plain 512 rounding.
+    assert_eq!(c.round_size(2 * MIB + 1), 2 * MIB + 512);
+    assert_eq!(c.round_size(300 * MIB), 320 * MIB);
+    // Buckets filled with 1 by '>': plain rounding.
+    assert_eq!(c.round_size(600 * MIB + 1), 600 * MIB + 512);
+}
+
+#[test]
+fn round_size_never_overflows() {
+    let plain = AllocatorConfig::default();
+    assert_eq!(plain.round_size(u64::MAX), u64::MAX);
+    assert_eq!(plain.round_size(u64::MAX - 511), u64::MAX - 511);
+    assert_eq!(plain.round_size(u64::MAX - 512), u64::MAX - 511);
+    assert_eq!(plain.round_size(u64::MAX - 510), u64::MAX);
+
+    let four = parse("roundup_power2_divisions:4");
+    assert_eq!(four.round_size(u64::MAX), u64::MAX);
+    assert_eq!(four.round_size(1 << 63), 1 << 63);
+    assert_eq!(four.round_size((1 << 63) + 1), (1 << 63) + (1 << 61));
+
+    // Absurd divisions set through the public field: no panic, and the
+    // result is never below the request.
+    for d in [3, 1 << 54, 1 << 55, 1 << 60, 1 << 63, u64::MAX] {
+        let c = AllocatorConfig {
+            roundup_power2_divisions: [d; 16],
+            ..AllocatorConfig::default()
+        };
+        for size in [
+            0,
+            1,
+            512,
+            1000,
+            4097,
+            1 << 40,
+            (1 << 62) + 1,
+            (1 << 63) + 1,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let r = c.round_size(size);
+            assert!(r >= size, "divisions {d}, size {size}: {r}");
+        }
+    }
+}
+
+#[test]
+fn round_size_is_monotone_and_covers_the_request() {
+    let configs = [
+        AllocatorConfig::default(),
+        parse("roundup_power2_divisions:2"),
+        parse("roundup_power2_divisions:16"),
+        parse("roundup_power2_divisions:[1:8,256:4,>:1]"),
+    ];
+    for c in &configs {
+        let mut prev = 0;
+        let mut size = 1u64;
+        while size < (1 << 40) {
+            let r = c.round_size(size);
+            assert!(r >= size && r % 512 == 0, "{size} -> {r}");
+            assert!(r >= prev, "not monotone at {size}");
+            prev = r;
+            size += 1 + size / 7;
+        }
+    }
+}
+
+#[test]
+fn settings_map_matches_pytorchs_keys_and_order() {
+    let map = AllocatorConfig::default().to_settings_map();
+    let keys: Vec<&str> = map.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "max_split_size",
+            "garbage_collection_threshold",
+            "expandable_segments",
+            "pinned_num_register_threads",
+            "release_lock_on_cudamalloc",
+            "pinned_use_cuda_host_register",
+            "graph_capture_record_stream_reuse",
+            "roundup_power2_divisions",
+        ]
+    );
+    assert_eq!(map[0].1, SettingValue::Str(String::new()));
+    assert_eq!(map[1].1, SettingValue::Int(-1));
+    assert_eq!(map[2].1, SettingValue::Float(0.0));
+    assert_eq!(map[4].1, SettingValue::Int(1));
+
+    let s = "max_split_size_mb:64,roundup_power2_divisions:[1:8,256:4,>:1],expandable_segments:True";
+    let map = parse(s).to_settings_map();
+    assert_eq!(map[0].1, SettingValue::Str(s.into()));
+    assert_eq!(map[1].1, SettingValue::Int(64 << 20));
+    assert_eq!(map[3].1, SettingValue::Bool(true));
+    let SettingValue::Map(roundup) = &map[8].1 else {
+        panic!("not a map")
+    };
+    assert_eq!(roundup.len(), 16);
+    assert_eq!(roundup[0], ("1".to_string(), 8));
+    assert_eq!(roundup[8], ("256".to_string(), 4));
+    assert_eq!(roundup[15], ("32768".to_string(), 1));
+}
+
+/// A few thousand random and odd strings: parsing and applying must
+/// return, never panic, and a failed apply changes nothing.
+#[test]
+fn odd_inputs_never_panic() {
+    const PIECES: &[&str] = &[
+        "max_split_size_mb",
+        "max_non_split_rounding_mb",
+        "garbage_collection_threshold",
+        "roundup_power2_divisions",
+        "expandable_segments",
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "pinned_num_register_threads",
+        "backend",
+        "policy",
+        "pinned_use_background_threads",
+        "pinned_reserve_segment_size_mb",
+        "large_segment_size_mb",
+        "graph_capture_record_stream_reuse",
+        "per_process_memory_fraction",
+        "release_lock_on_hipmalloc",
+        ":",
+        ",",
+        "[",
+        "]",
+        ">",
+        " ",
+        "\t",
+        "True",
+        "False",
+        "0",
+        "1",
+        "2",
+        "3",
+        "20",
+        "64",
+        "256",
+        "0.5",
+        "-1",
+        "1e308",
+        "nan",
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999",
+        "cudaMallocAsync",
+        "native",
+        "é",
+        "\u{0}",
+        "\u{1F600}",
+        "\u{a0}",
+    ];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut base = parse("expandable_segments:True,max_split_size_mb:64");
+    let mut accepted = 0;
+    for _ in 0..3000 {
+        let mut s = String::new();
+        for _ in 0..(next() % 12) {
+            if next() % 5 == 0 {
+                s.push(char::from_u32((next() % 0x300) as u32).unwrap_or('?'));
+            } else {
+                s.push_str(PIECES[(next() % PIECES.len() as u64) as usize]);
+            }
+        }
+        match AllocatorConfig::parse(&s) {
+            Ok(_) => accepted += 1,
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+        let before = base.clone();
+        if base.apply(&s).is_err() {
+            assert_eq!(base, before, "failed apply of {s:?} changed the config");
+        }
+    }
+    // The generator must reach the accepting paths too.
+    assert!(accepted > 10, "only {accepted} strings accepted");
+}
