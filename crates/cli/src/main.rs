@@ -26,6 +26,7 @@ mod demo;
 mod fidelity;
 mod replay_cmd;
 mod report_cmds;
+mod scale_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,6 +131,9 @@ enum Command {
         #[arg(required = true)]
         traces: Vec<PathBuf>,
     },
+    /// Scale traces of one job at small batch sizes to a larger batch: its peak reserved memory
+    /// and the largest batch that fits a GPU (see docs/guide/will-it-fit.md).
+    Scale(scale_cmd::ScaleArgs),
     // Reports: summary, leaks, why, viz (see report_cmds.rs).
     #[command(flatten)]
     Report(report_cmds::ReportCommand),
@@ -222,6 +226,7 @@ fn main() -> ExitCode {
             json,
         } => cmd_fit(&trace, &policy, config, json),
         Command::Report(cmd) => report_cmds::run(cmd),
+        Command::Scale(a) => scale_cmd::run(a),
     };
     exit(r)
 }

@@ -1,0 +1,322 @@
+//! The scaled trace, its replay, and the search for the largest batch that fits.
+//!
+//! A [`ScaleModel`] holds the base trace (the one at the largest recorded batch), the alignment
+//! and one [`SizeFit`] per allocation. [`ScaleModel::at`] writes the base trace's events with
+//! every allocation's size (on its alloc and its frees) replaced by the fitted size; the order of
+//! events, streams, deferred frees and cache releases stay the base trace's. Segment events and
+//! the dump-time segment list are dropped, and replays never plan the recorded segment
+//! addresses, since they describe the recorded sizes, not the scaled ones.
+//!
+//! "Fits a capacity" means: the scaled trace replays on a simulated GPU of that capacity without
+//! an out-of-memory error (the allocator may release its cache and retry on the way, as
+//! PyTorch's does under `set_per_process_memory_fraction`). The largest batch is searched by
+//! doubling from the largest recorded batch, then bisection; it assumes that a larger batch
+//! never needs less, and each answer is a replay, not an interpolation.
+
+use cudamem_replay::{replay, ReplayOptions};
+use cudamem_trace::{Action, Trace};
+
+use crate::align::{align, Alignment};
+use crate::fit::{fit_sizes, SizeFit};
+
+/// What the scaling learned from the traces.
+#[derive(Clone, Debug)]
+pub struct ScaleModel {
+    /// The trace at the largest recorded batch.
+    pub base: Trace,
+    /// The recorded batch sizes, in the order the traces were given.
+    pub batches: Vec<u64>,
+    /// The alignment of the traces' allocations.
+    pub alignment: Alignment,
+    /// Per device of the alignment, per allocation: its fitted size.
+    pub fits: Vec<Vec<SizeFit>>,
+    /// Degree of the fitted polynomials.
+    pub degree: usize,
+}
+
+/// What the answer rests on (see the crate doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Quality {
+    /// Whether every trace had the same allocation sequence.
+    pub exact_alignment: bool,
+    /// Allocations of the base trace.
+    pub allocations: usize,
+    /// Of them, matched in every trace.
+    pub matched: usize,
+    /// Of them, with a size that changes with the batch.
+    pub scaling: usize,
+    /// Largest fit residual of one allocation over its largest recorded size.
+    pub max_relative_residual: f64,
+    /// Sum of the allocations' largest residuals over the sum of their base sizes.
+    pub residual_share: f64,
+    /// Target batch over the largest recorded batch (1 or less: interpolation).
+    pub extrapolation: f64,
+    /// With three or more traces: the relative error of the peak reserved predicted for the
+    /// largest recorded batch from the others, against that trace's own replay.
+    pub holdout_error: Option<f64>,
+    /// `high`, `medium` or `low`.
+    pub confidence: &'static str,
+}
+
+/// The peak of one replay of the scaled trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Peak {
+    /// Batch size.
+    pub batch: u64,
+    /// Policy.
+    pub policy: String,
+    /// Peak reserved bytes (largest over devices).
+    pub peak_reserved: u64,
+    /// Peak requested bytes (largest over devices).
+    pub peak_requested: u64,
+    /// Simulated capacity it replayed on.
+    pub capacity: u64,
+    /// Allocations that failed at that capacity.
+    pub ooms: u64,
+}
+
+/// The largest batch that fits a capacity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Largest {
+    /// Policy.
+    pub policy: String,
+    /// The capacity.
+    pub capacity: u64,
+    /// The largest batch that fits; `None` when not even batch 1 does.
+    pub batch: Option<u64>,
+    /// Peak reserved at that batch on that capacity.
+    pub peak_reserved: u64,
+    /// Capacity minus that peak.
+    pub spare: u64,
+    /// The next batch (that does not fit) and what it would reserve on an unlimited GPU.
+    pub next: Option<(u64, u64)>,
+    /// The search stopped at its limit: even that batch fits.
+    pub limit_reached: bool,
+}
+
+impl ScaleModel {
+    /// Learns the scaling from `traces[i]` recorded at `batches[i]`, fitting polynomials of
+    /// `degree` (1 or 2).
+    pub fn learn(traces: &[Trace], batches: &[u64], degree: usize) -> Result<ScaleModel, String> {
+        if batches.contains(&0) {
+            return Err("batch sizes start at 1: a batch of 0 records nothing to scale".into());
+        }
+        let refs: Vec<&Trace> = traces.iter().collect();
+        let alignment = align(&refs, batches)?;
+        let mut fits = Vec::new();
+        for d in &alignment.devices {
+            let f: Result<Vec<SizeFit>, String> = d.sizes.iter().map(|s| fit_sizes(batches, s, degree)).collect();
+            fits.push(f?);
+        }
+        Ok(ScaleModel {
+            base: traces[alignment.base].clone(),
+            batches: batches.to_vec(),
+            alignment,
+            fits,
+            degree,
+        })
+    }
+
+    /// The largest recorded batch.
+    pub fn base_batch(&self) -> u64 {
+        self.batches[self.alignment.base]
+    }
+
+    /// The job's trace at `batch`.
+    pub fn at(&self, batch: u64) -> Trace {
+        let mut t = self.base.clone();
+        t.source = format!("{} scaled to batch {batch}", self.base.source);
+        t.segments.clear();
+        for (d, fits) in self.alignment.devices.iter().zip(&self.fits) {
+            let Some(dt) = t.devices.iter_mut().find(|x| x.device == d.device) else {
+                continue;
+            };
+            dt.events
+                .retain(|e| !matches!(e.action, Action::SegmentAlloc | Action::SegmentMap));
+            let mut owner = d.owner.iter();
+            // Owners were computed on the unfiltered events: walk both in step.
+            let base = self.base.device(d.device).map(|x| x.events.as_slice()).unwrap_or(&[]);
+            let mut out = dt.events.iter_mut();
+            for e in base {
+                let o = owner.next().copied().flatten();
+                if matches!(e.action, Action::SegmentAlloc | Action::SegmentMap) {
+                    continue;
+                }
+                let Some(x) = out.next() else { break };
+                if let Some(k) = o {
+                    x.size = fits[k as usize].at(batch);
+                }
+            }
+        }
+        t
+    }
+
+    /// The quality figures that need no replay, for a prediction at `target`.
+    pub fn quality(&self, target: u64) -> Quality {
+        let a = &self.alignment;
+        let (mut scaling, mut max_rel, mut res, mut total) = (0usize, 0.0f64, 0.0f64, 0.0f64);
+        for (d, fits) in a.devices.iter().zip(&self.fits) {
+            for (s, f) in d.sizes.iter().zip(fits) {
+                if !f.constant {
+                    scaling += 1;
+                }
+                let big = s.iter().copied().max().unwrap_or(0).max(1) as f64;
+                max_rel = max_rel.max(f.max_residual / big);
+                res += f.max_residual;
+                total += s[a.base] as f64;
+            }
+        }
+        let mut q = Quality {
+            exact_alignment: a.exact,
+            allocations: a.allocations(),
+            matched: a.matched(),
+            scaling,
+            max_relative_residual: max_rel,
+            residual_share: if total > 0.0 { res / total } else { 0.0 },
+            extrapolation: target as f64 / self.base_batch() as f64,
+            holdout_error: None,
+            confidence: "",
+        };
+        q.confidence = confidence(&q);
+        q
+    }
+}
+
+/// The one-word confidence of a [`Quality`].
+pub fn confidence(q: &Quality) -> &'static str {
+    let matched = q.matched as f64 / q.allocations.max(1) as f64;
+    let hold = q.holdout_error.unwrap_or(0.0);
+    if matched < 0.9 || q.residual_share > 0.05 || hold > 0.05 || q.extrapolation > 32.0 {
+        "low"
+    } else if q.exact_alignment && q.residual_share <= 0.001 && hold <= 0.01 && q.extrapolation <= 8.0 {
+        "high"
+    } else {
+        "medium"
+    }
+}
+
+fn scaled_opts(opts: &ReplayOptions, capacity: u64) -> ReplayOptions {
+    ReplayOptions {
+        capacity,
+        repeats: 0,
+        plan_addresses: Some(false),
+        ..opts.clone()
+    }
+}
+
+fn run(t: &Trace, batch: u64, opts: &ReplayOptions, capacity: u64) -> Result<Peak, String> {
+    let r = replay(t, &scaled_opts(opts, capacity))?;
+    Ok(Peak {
+        batch,
+        policy: opts.policy.clone(),
+        peak_reserved: r.max(|d| d.peak_reserved_bytes),
+        peak_requested: r.max(|d| d.peak_requested_bytes),
+        capacity,
+        ooms: r.total(|d| d.ooms),
+    })
+}
+
+/// Peak reserved at `batch` on a GPU large enough that nothing fails: `opts.capacity` first,
+/// doubled while allocations fail (as far as the simulated GPU's address space allows).
+pub fn peak_at(model: &ScaleModel, batch: u64, opts: &ReplayOptions) -> Result<Peak, String> {
+    peak_of(&model.at(batch), batch, opts)
+}
+
+fn peak_of(t: &Trace, batch: u64, opts: &ReplayOptions) -> Result<Peak, String> {
+    let mut cap = opts.capacity.max(1 << 30);
+    loop {
+        let p = run(t, batch, opts, cap)?;
+        if p.ooms == 0 {
+            return Ok(p);
+        }
+        cap = cap
+            .checked_mul(2)
+            .ok_or_else(|| format!("batch {batch} does not fit in any simulated GPU"))?;
+    }
+}
+
+/// Whether `batch` replays on `capacity` without an out-of-memory error, and its peak there.
+pub fn fits(model: &ScaleModel, batch: u64, opts: &ReplayOptions, capacity: u64) -> Result<(bool, Peak), String> {
+    let p = run(&model.at(batch), batch, opts, capacity)?;
+    Ok((p.ooms == 0, p))
+}
+
+/// The largest batch up to `limit` that fits `capacity` (see the module doc).
+pub fn largest_batch(model: &ScaleModel, opts: &ReplayOptions, capacity: u64, limit: u64) -> Result<Largest, String> {
+    let limit = limit.max(1);
+    let mut none = Largest {
+        policy: opts.policy.clone(),
+        capacity,
+        batch: None,
+        peak_reserved: 0,
+        spare: 0,
+        next: None,
+        limit_reached: false,
+    };
+    let (ok1, _) = fits(model, 1, opts, capacity)?;
+    if !ok1 {
+        none.next = Some((1, peak_at(model, 1, opts)?.peak_reserved));
+        return Ok(none);
+    }
+    let (mut lo, mut hi) = (1u64, None::<u64>);
+    let mut probe = model.base_batch().clamp(2, limit);
+    while hi.is_none() {
+        if probe <= lo {
+            break;
+        }
+        if fits(model, probe, opts, capacity)?.0 {
+            lo = probe;
+            if probe == limit {
+                break;
+            }
+            probe = probe.saturating_mul(2).min(limit);
+        } else {
+            hi = Some(probe);
+        }
+    }
+    let Some(mut hi) = hi else {
+        let (_, p) = fits(model, lo, opts, capacity)?;
+        return Ok(Largest {
+            batch: Some(lo),
+            peak_reserved: p.peak_reserved,
+            spare: capacity.saturating_sub(p.peak_reserved),
+            limit_reached: true,
+            ..none
+        });
+    };
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(model, mid, opts, capacity)?.0 {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let (_, p) = fits(model, lo, opts, capacity)?;
+    let next = peak_at(model, lo + 1, opts)?;
+    Ok(Largest {
+        batch: Some(lo),
+        peak_reserved: p.peak_reserved,
+        spare: capacity.saturating_sub(p.peak_reserved),
+        next: Some((lo + 1, next.peak_reserved)),
+        ..none
+    })
+}
+
+/// With three or more traces: the largest recorded trace's peak reserved predicted from the
+/// others, and its relative error against that trace's own replay (with `opts`).
+pub fn holdout(traces: &[Trace], batches: &[u64], degree: usize, opts: &ReplayOptions) -> Result<Option<f64>, String> {
+    if traces.len() < 3 || traces.len() <= degree + 1 {
+        return Ok(None);
+    }
+    let top = (0..batches.len()).max_by_key(|&i| batches[i]).unwrap_or(0);
+    let (mut ts, mut bs) = (Vec::new(), Vec::new());
+    for i in (0..traces.len()).filter(|&i| i != top) {
+        ts.push(traces[i].clone());
+        bs.push(batches[i]);
+    }
+    let m = ScaleModel::learn(&ts, &bs, degree)?;
+    let predicted = peak_at(&m, batches[top], opts)?.peak_reserved as f64;
+    let actual = peak_of(&traces[top], batches[top], opts)?.peak_reserved as f64;
+    Ok(Some((predicted - actual).abs() / actual.max(1.0)))
+}
