@@ -4,8 +4,9 @@ Both of cudamem's C++ libraries for torch are built here: the native allocator c
 (:mod:`cudamem._torch_native`) and the pluggable path's shim (:func:`cudamem.torch.build_shim`).
 One ``g++`` command (``$CXX``, else ``g++`` or ``c++``), with torch's
 ``_GLIBCXX_USE_CXX11_ABI``, tried as C++17 and then C++20 (a newer torch may require it). The
-library's cache name carries torch's version and a hash of the source, torch's version, the ABI
-flag and the caller's interface version, so a change of any of them builds anew; the cache
+library's cache name carries torch's version and a hash of the source (with the headers beside
+it), torch's version, the ABI flag and the caller's interface version, so a change of any of
+them builds anew; the cache
 (:mod:`cudamem._cache`) checks who could have written a library before it is loaded.
 """
 
@@ -60,8 +61,10 @@ def build_for_torch(
     needed, linked to the named libraries of torch's ``lib`` folder. Raises ``error`` with every
     command tried and the compiler's output when it cannot be built."""
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    # The headers beside the source are part of it (the native class includes its own).
+    sources = [src.read_bytes(), *(h.read_bytes() for h in sorted(src.parent.glob("*.h")))]
     key = hashlib.sha256(
-        b"\0".join([src.read_bytes(), torch.__version__.encode(), str(abi).encode(), str(interface_version).encode()])
+        b"\0".join([*sources, torch.__version__.encode(), str(abi).encode(), str(interface_version).encode()])
     ).hexdigest()[:16]
     tag = re.sub(r"[^A-Za-z0-9_.+-]", "_", torch.__version__)
     name = f"{prefix}-torch{tag}-{key}.so"

@@ -34,6 +34,7 @@
 
 pub mod ffi;
 pub mod history;
+pub mod ipc;
 pub mod native;
 pub mod registry;
 mod reports;

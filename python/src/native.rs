@@ -25,10 +25,11 @@ use cudamem_device::StreamId;
 
 use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
 use crate::history;
+use crate::ipc;
 use crate::registry;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 3;
+pub const NATIVE_API_VERSION: u32 = 4;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -85,6 +86,12 @@ pub struct NativeApi {
     /// `(ctx, on_segment, on_block) -> kind`: every device's segments, each followed by its
     /// blocks (c10's `SnapshotInfo.segments`).
     pub snapshot: unsafe extern "C" fn(*mut c_void, SegmentSink, BlockSink) -> c_int,
+    /// `(ptr, ctx, sink, offset_out) -> kind`: `shareIpcHandle` (see [`crate::ipc`]).
+    pub ipc_share: unsafe extern "C" fn(*mut c_void, *mut c_void, ipc::ByteSink, *mut u64) -> c_int,
+    /// `(device, bytes, len, ptr_out, opened_out) -> kind`: `getIpcDevPtr`.
+    pub ipc_open: unsafe extern "C" fn(c_int, *const u8, usize, *mut u64, *mut c_int) -> c_int,
+    /// `(device, ptr, opened) -> kind`: the deleter of what `ipc_open` returned.
+    pub ipc_close: extern "C" fn(c_int, u64, c_int) -> c_int,
 }
 
 /// One segment of a snapshot, as c10's `SegmentInfo` wants it.
@@ -146,6 +153,9 @@ static API: NativeApi = NativeApi {
     record_history: nat_record_history,
     history_enabled: nat_history_enabled,
     snapshot: nat_snapshot,
+    ipc_share: ipc::nat_ipc_share,
+    ipc_open: ipc::nat_ipc_open,
+    ipc_close: ipc::nat_ipc_close,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.
@@ -156,7 +166,7 @@ pub extern "C" fn cudamem_native_api() -> *const NativeApi {
 
 /// Runs `f` under `catch_unwind`; an error or a panic becomes the thread's last error and its
 /// kind is returned.
-fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
+pub(crate) fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
     let r = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(_) => Err(ffi::CError {
@@ -173,16 +183,16 @@ fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
     }
 }
 
-fn alloc(device: c_int) -> Result<&'static CachingAllocator, ffi::CError> {
+pub(crate) fn alloc(device: c_int) -> Result<&'static CachingAllocator, ffi::CError> {
     Ok(registry::get_or_create(device)?)
 }
 
-fn aerr(e: AllocError) -> ffi::CError {
+pub(crate) fn aerr(e: AllocError) -> ffi::CError {
     ffi::alloc_error(&e)
 }
 
 /// The allocator that handed out `ptr`.
-fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
+pub(crate) fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
     if let Some(one) = registry::sole() {
         return Some(one); // its free says whether the pointer is its own
     }

@@ -1,4 +1,4 @@
-"""The native torch allocator class (cudamem/_shim/native_allocator.cpp) without a GPU.
+"""The native torch allocator class (cudamem/_shim/native_allocator.cpp and its headers) without a GPU.
 
 * Its function table matches the Rust one (python/src/native.rs) field for field, in order.
 * It compiles against real torch and CUDA runtime headers — those of an installed torch, or
@@ -18,11 +18,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CPP = HERE.parent / "cudamem" / "_shim" / "native_allocator.cpp"
+API_H = CPP.parent / "native_api.h"
 RUST = HERE.parent / "src" / "native.rs"
 
 
 def _cpp_fields():
-    body = re.search(r"struct NativeApi \{(.*?)\n\};", CPP.read_text(), re.S).group(1)
+    body = re.search(r"struct NativeApi \{(.*?)\n\};", API_H.read_text(), re.S).group(1)
     return re.findall(r"(\w+)(?:\)\(|;)", "\n".join(l.split("//")[0] for l in body.splitlines()))
 
 

@@ -46,11 +46,13 @@ mod bookkeeping;
 mod events;
 mod expandable;
 mod free;
+mod ipc;
 mod private_pools;
 mod release;
 mod settings;
 mod tags;
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
+pub use ipc::Shared;
 pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
 /// Requests of this size or more are refused outright, as PyTorch does.

@@ -86,7 +86,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
@@ -103,6 +103,8 @@ use cudarc::driver::sys::{
 /// The granularity assumed when the device does not support virtual memory management (VMM
 /// calls then fail with `CUDA_ERROR_NOT_SUPPORTED`).
 const FALLBACK_GRANULARITY: u64 = 2 << 20;
+
+mod ipc;
 
 // ---------------------------------------------------------------------------------------------
 // Driver presence and errors
@@ -267,6 +269,9 @@ struct Vmm {
 struct Mapping {
     size: u64,
     handle: CUmemGenericAllocationHandle,
+    /// The POSIX descriptor it was exported as for another process (see [`ipc`]), closed when
+    /// it is unmapped.
+    fd: Option<i32>,
 }
 
 impl Vmm {
@@ -356,6 +361,11 @@ pub struct CudaDevice {
     peers: Vec<i32>,
     segments: Mutex<HashMap<DevicePtr, u64>>,
     vmm: Mutex<Vmm>,
+    /// Whether physical allocations are created exportable as POSIX descriptors (CUDA IPC);
+    /// cleared for good if the driver refuses that.
+    exportable: AtomicBool,
+    /// Memory of other processes imported here (see [`ipc`]): start → its parts.
+    imports: Mutex<HashMap<DevicePtr, ipc::Imported>>,
     events: Mutex<Events>,
     counters: Counters,
 }
@@ -390,6 +400,8 @@ impl CudaDevice {
             peers: Vec::new(),
             segments: Mutex::default(),
             vmm: Mutex::default(),
+            exportable: AtomicBool::new(true),
+            imports: Mutex::default(),
             events: Mutex::default(),
             counters: Counters::default(),
         };
@@ -470,12 +482,18 @@ impl CudaDevice {
         Ok(g as u64)
     }
 
-    /// The allocation properties of a VMM allocation: pinned device memory on this device, with no
-    /// shareable handle type.
+    /// The allocation properties of a VMM allocation: pinned device memory on this device,
+    /// exportable as a POSIX descriptor (as PyTorch's expandable segments request) unless the
+    /// driver refused that once.
     fn page_prop(&self) -> CUmemAllocationProp {
+        let handle_type = if self.exportable.load(Ordering::Relaxed) {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
         CUmemAllocationProp {
             type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            requestedHandleTypes: handle_type,
             location: self.location(),
             win32HandleMetaData: ptr::null_mut(),
             allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
@@ -863,14 +881,26 @@ impl Device for CudaDevice {
                 "map of [{ptr:#x}, +{size}) overlaps a mapping of this device"
             )));
         }
-        let prop = self.page_prop();
         let _c = self.current()?;
         let bytes = size as usize;
         let mut h: CUmemGenericAllocationHandle = 0;
-        // SAFETY: the context is current; `prop` is a valid property struct that outlives the
-        // call; `size` is a multiple of the granularity of exactly these properties (checked
-        // above); flags must be 0.
-        let r = unsafe { sys::cuMemCreate(&mut h, bytes, &prop, 0) };
+        let mut r;
+        loop {
+            let prop = self.page_prop();
+            // SAFETY: the context is current; `prop` is a valid property struct that outlives
+            // the call; `size` is a multiple of the granularity of these properties (checked
+            // above; the handle type does not change it); flags must be 0.
+            r = unsafe { sys::cuMemCreate(&mut h, bytes, &prop, 0) };
+            let refused = matches!(
+                r,
+                CUresult::CUDA_ERROR_NOT_SUPPORTED | CUresult::CUDA_ERROR_INVALID_VALUE
+            );
+            // A driver (or container) without exportable allocations: map without, for good;
+            // sharing such memory with another process then fails with a clear error.
+            if !(refused && self.exportable.swap(false, Ordering::Relaxed)) {
+                break;
+            }
+        }
         check_alloc(r, "cuMemCreate", size)?;
         // SAFETY: `[ptr, +size)` is granularity-aligned, inside a reservation of this device and
         // overlaps no mapping (checked above under the lock we hold); `h` is a fresh allocation
@@ -896,11 +926,25 @@ impl Device for CudaDevice {
         }
         if let Some(e) = failure {
             if !self.undo_map(ptr, size, h, mapped) {
-                vmm.mappings.insert(ptr, Mapping { size, handle: h });
+                vmm.mappings.insert(
+                    ptr,
+                    Mapping {
+                        size,
+                        handle: h,
+                        fd: None,
+                    },
+                );
             }
             return Err(e);
         }
-        vmm.mappings.insert(ptr, Mapping { size, handle: h });
+        vmm.mappings.insert(
+            ptr,
+            Mapping {
+                size,
+                handle: h,
+                fd: None,
+            },
+        );
         bump(&self.counters.maps, 1);
         bump(&self.counters.pages_mapped, size / g);
         Ok(())
@@ -927,6 +971,9 @@ impl Device for CudaDevice {
             }
             vmm.mappings.remove(&a);
             unmapped += m.size;
+            if let Some(fd) = m.fd {
+                ipc::close_fd(fd);
+            }
             // SAFETY: `m.handle` was created by `map`, its only mapping was just removed, and it
             // is off the record, so it is released exactly once.
             let r = unsafe { sys::cuMemRelease(m.handle) };
@@ -1034,6 +1081,34 @@ impl Device for CudaDevice {
         // above); the trait's contract makes the caller (the allocator, restoring its own
         // blocks) ensure that no pending work uses it.
         unsafe { self.copy_to_device(ptr, src) }
+    }
+
+    fn ipc_handle(&self, base: DevicePtr) -> Result<[u8; cudamem_device::ipc::IPC_HANDLE_SIZE], DeviceError> {
+        self.ipc_segment_handle(base)
+    }
+
+    fn export_mappings(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+    ) -> Result<Vec<cudamem_device::ipc::ExportedMapping>, DeviceError> {
+        self.export_mapped(ptr, size)
+    }
+
+    fn open_ipc_handle(&self, handle: &[u8; cudamem_device::ipc::IPC_HANDLE_SIZE]) -> Result<DevicePtr, DeviceError> {
+        self.open_segment_handle(handle)
+    }
+
+    fn close_ipc_handle(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.close_segment_handle(ptr)
+    }
+
+    fn import_mappings(&self, pid: i32, parts: &[cudamem_device::ipc::ImportedPart]) -> Result<DevicePtr, DeviceError> {
+        self.import_parts(pid, parts)
+    }
+
+    fn release_imported(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.release_parts(ptr)
     }
 
     fn counters(&self) -> DeviceCounters {

@@ -26,9 +26,12 @@
 
 #![warn(missing_docs)]
 
+pub mod ipc;
 pub mod sim;
 
 use std::fmt;
+
+use ipc::{ExportedMapping, ImportedPart, IPC_HANDLE_SIZE};
 
 /// A device address (`CUdeviceptr`).
 pub type DevicePtr = u64;
@@ -179,4 +182,51 @@ pub trait Device: Send + Sync + fmt::Debug {
         let _ = (ptr, src);
         Err(DeviceError::Unavailable(format!("{} has no host copies", self.name())))
     }
+
+    /// The IPC handle of the segment `malloc` returned at `base` (`cuIpcGetMemHandle`), with
+    /// which another process opens it (see [`ipc`]). A device that cannot share memory
+    /// answers [`DeviceError::Unavailable`], as do the other IPC methods.
+    fn ipc_handle(&self, base: DevicePtr) -> Result<[u8; IPC_HANDLE_SIZE], DeviceError> {
+        let _ = base;
+        Err(no_ipc(&self.name()))
+    }
+
+    /// Exports the physical allocations mapped over `[ptr, ptr+size)`, in address order; they
+    /// must be mapped and contiguous. See [`ipc`] for how long the descriptors stay open.
+    fn export_mappings(&self, ptr: DevicePtr, size: u64) -> Result<Vec<ExportedMapping>, DeviceError> {
+        let _ = (ptr, size);
+        Err(no_ipc(&self.name()))
+    }
+
+    /// Opens a segment of another process by its IPC handle (`cuIpcOpenMemHandle`); returns
+    /// where it is mapped here.
+    fn open_ipc_handle(&self, handle: &[u8; IPC_HANDLE_SIZE]) -> Result<DevicePtr, DeviceError> {
+        let _ = handle;
+        Err(no_ipc(&self.name()))
+    }
+
+    /// Closes what [`Device::open_ipc_handle`] returned.
+    fn close_ipc_handle(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let _ = ptr;
+        Err(no_ipc(&self.name()))
+    }
+
+    /// Imports the physical allocations of process `pid` and maps them contiguously, in order;
+    /// returns the start of the range.
+    fn import_mappings(&self, pid: i32, parts: &[ImportedPart]) -> Result<DevicePtr, DeviceError> {
+        let _ = (pid, parts);
+        Err(no_ipc(&self.name()))
+    }
+
+    /// Unmaps and releases what [`Device::import_mappings`] returned.
+    fn release_imported(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let _ = ptr;
+        Err(no_ipc(&self.name()))
+    }
+}
+
+fn no_ipc(device: &str) -> DeviceError {
+    DeviceError::Unavailable(format!(
+        "{device} cannot share memory with other processes (CUDA IPC needs a CUDA device)"
+    ))
 }

@@ -39,61 +39,13 @@
 #include <string>
 #include <vector>
 
+#include "native_api.h"
+#include "native_ipc.h"
+
 namespace {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
-
-constexpr uint32_t kApiVersion = 3;  // native::NATIVE_API_VERSION
-constexpr size_t kStatsLen = 122;    // native::STATS_LEN
-constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
-constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
-
-using PtrSink = void (*)(void*, uint64_t, uint64_t);
-
-// native::SegmentRecord and native::BlockRecord.
-struct SegmentRecord {
-  int device, is_large, is_expandable;
-  uint64_t address, total_size, requested_size, allocated_size, active_size, stream, pool_a, pool_b;
-};
-struct BlockRecord {
-  uint64_t size, requested_size;
-  int allocated, active;
-};
-using SegmentSink = void (*)(void*, const SegmentRecord*);
-using BlockSink = void (*)(void*, const BlockRecord*);
-
-// Field for field the Rust struct `native::NativeApi`.
-struct NativeApi {
-  uint32_t version;
-  uint32_t size;
-  void* (*malloc)(int, size_t, void*, int, uint64_t*);
-  int (*free)(void*, uint64_t*);
-  int (*record_stream)(void*, void*);
-  int (*empty_cache)(uint64_t, uint64_t);
-  int (*stats)(int, int64_t*, size_t);
-  void (*reset_peak)(int);
-  void (*reset_accumulated)(int);
-  int (*set_fraction)(int, double);
-  double (*get_fraction)(int);
-  uint64_t (*largest_free)(int);
-  void* (*base_allocation)(void*, uint64_t*);
-  int (*pool_create)(int, uint64_t, uint64_t);
-  int (*pool_begin)(int, uint64_t, uint64_t, int*);
-  int (*pool_end)(int, uint64_t, uint64_t);
-  int (*pool_release)(int, uint64_t, uint64_t);
-  int (*pool_use_count)(int, uint64_t, uint64_t);
-  int (*pool_check_live)(int, uint64_t, uint64_t, const uint64_t*, size_t);
-  int (*pool_set_use_on_oom)(int, uint64_t, uint64_t, int);
-  void* (*checkpoint_get)(int, uint64_t, uint64_t);
-  void (*checkpoint_free)(void*);
-  int (*checkpoint_restore)(int, const void*, void*, PtrSink, PtrSink);
-  int (*set_settings)(const char*);
-  void (*totals)(int, uint64_t*);
-  int (*record_history)(int, int, uint64_t, int);
-  int (*history_enabled)();
-  int (*snapshot)(void*, SegmentSink, BlockSink);
-};
 
 const NativeApi* g_api = nullptr;
 using LastErrorFn = int (*)(char*, size_t);
@@ -407,15 +359,12 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return r == 1;
   }
 
-  CCA::ShareableHandle shareIpcHandle(void*) override {
-    TORCH_CHECK(
-        false,
-        "cudamem: sending CUDA tensors to another process (CUDA IPC, torch.multiprocessing) is not "
-        "supported yet; send CPU tensors, or run without cudamem.torch.install() in that process");
-  }
+  CCA::ShareableHandle shareIpcHandle(void* ptr) override { return cudamem_ipc::share(g_api, &check, ptr); }
 
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    TORCH_CHECK(false, "cudamem: receiving CUDA tensors from another process (CUDA IPC) is not supported yet");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return ipc_.get(g_api, &check, handle, device);
   }
 
   bool isHistoryEnabled() override { return g_api->history_enabled() != 0; }
@@ -570,6 +519,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   std::atomic<int> n_captures_{0};
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
+  cudamem_ipc::Opened ipc_;
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
 };

@@ -300,18 +300,6 @@ def _():
     torch.cuda.empty_cache()
 
 
-@check("IPC says clearly that it is not supported", "pools")
-def _():
-    if args.mode != "cudamem":
-        return
-    t = torch.ones(10, device="cuda")
-    try:
-        t.untyped_storage()._share_cuda_()
-        raise AssertionError("no error")
-    except RuntimeError as e:
-        expect("cudamem" in str(e), str(e)[:300])
-
-
 @check("memory history and snapshots with Python frames", "history")
 def _():
     torch.cuda.memory._record_memory_history(max_entries=10000)

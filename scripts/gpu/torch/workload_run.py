@@ -176,6 +176,7 @@ result = {
     "losses_hex": [float(v).hex() for v in losses],
     "wall_s": time.perf_counter() - t_start,
     "torch": torch.__version__,
+    "install_mode": cudamem.torch.install_mode() if USE_CUDAMEM else "none",
     **extra,
 }
 print("RESULT " + json.dumps(result))
