@@ -294,6 +294,18 @@ impl AllocatorConfig {
         Ok(())
     }
 
+    /// Applies the keys of `s` over this configuration, leaving every other field (and the
+    /// `settings` string) as it is: the settings a policy name implies (see
+    /// [`crate::policy::registry`]).
+    pub(crate) fn apply_over(&mut self, s: &str) -> Result<(), ConfigError> {
+        let mut next = self.clone();
+        for entry in &parse_entries(s)? {
+            next.apply_entry(entry, false)?;
+        }
+        *self = next;
+        Ok(())
+    }
+
     fn apply_inner(&mut self, s: &str, at_startup: bool) -> Result<(), ConfigError> {
         let entries = parse_entries(s)?;
 

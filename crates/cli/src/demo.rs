@@ -22,7 +22,12 @@ fn line(a: &CachingAllocator, what: &str) -> crate::CliResult {
 /// Runs the demonstration on a simulated GPU of `capacity` bytes.
 pub fn run(capacity: u64) -> crate::CliResult {
     let dev: Arc<dyn Device> = Arc::new(SimDevice::with_capacity(capacity));
-    let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), "pytorch").map_err(|e| e.to_string())?;
+    let a = CachingAllocator::with_policy(
+        dev,
+        AllocatorConfig::default(),
+        cudamem_alloc::policy::registry::PYTORCH,
+    )
+    .map_err(|e| e.to_string())?;
     let s = StreamId(0);
     let e = |r: Result<u64, cudamem_alloc::AllocError>| r.map_err(|e| e.to_string());
     outln!(

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use cudamem_alloc::policy::registry;
 use cudamem_replay::{replay, ReplayOptions};
 
 /// Live `memory_stats()` saved beside a trace as `NAME.KIND.stats.json`, if present.
@@ -37,14 +38,14 @@ pub fn run(paths: &[PathBuf]) -> crate::CliResult {
             repeats: 0,
             ..ReplayOptions::default()
         };
-        let native = replay(&trace, &opts("pytorch"))?;
+        let native = replay(&trace, &opts(registry::PYTORCH))?;
         let d = &native.devices[0];
         if d.peak_reserved_bytes != d.trace_peak_reserved_bytes || d.device_allocs != d.trace_device_allocs {
             mismatches += 1;
         }
         let (live, exp, diff) = match live_peak(path, "expandable") {
             Some(live) => {
-                let e = replay(&trace, &opts("pytorch-expandable"))?.devices[0].peak_reserved_bytes;
+                let e = replay(&trace, &opts(registry::PYTORCH_EXPANDABLE))?.devices[0].peak_reserved_bytes;
                 (
                     live.to_string(),
                     e.to_string(),

@@ -65,7 +65,7 @@ enum Command {
         /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
         trace: PathBuf,
         /// The policy (one of those the help lists).
-        #[arg(long, default_value = "cudamem", help = policy_help("The policy", false))]
+        #[arg(long, default_value = cudamem_alloc::policy::registry::DEFAULT, help = policy_help("The policy", false))]
         policy: String,
         /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
         #[arg(long)]
@@ -94,7 +94,7 @@ enum Command {
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Comma-separated policies.
-        #[arg(long, alias = "policy", default_value = DEFAULT_POLICIES, help = policy_help("Comma-separated policies", true))]
+        #[arg(long, alias = "policy", default_value = DEFAULT_POLICIES.as_str(), help = policy_help("Comma-separated policies", true))]
         policies: String,
         /// Allocator settings applied to every run.
         #[arg(long)]
@@ -115,7 +115,7 @@ enum Command {
         /// The trace file.
         trace: PathBuf,
         /// Comma-separated policies.
-        #[arg(long, alias = "policies", default_value = DEFAULT_POLICIES, help = policy_help("Comma-separated policies", true))]
+        #[arg(long, alias = "policies", default_value = DEFAULT_POLICIES.as_str(), help = policy_help("Comma-separated policies", true))]
         policy: String,
         /// Allocator settings over the trace's own.
         #[arg(long)]
@@ -235,18 +235,13 @@ fn load(path: &std::path::Path) -> Result<Trace, String> {
     cudamem_trace::read_path(path).map_err(|e| e.to_string())
 }
 
-/// What `compare` and `fit` run when no policy is named: PyTorch's two configurations and the
-/// default policy (`cudamem-compact` trades time for memory and is asked for by name).
-const DEFAULT_POLICIES: &str = "pytorch,pytorch-expandable,cudamem";
+/// What `compare` and `fit` run when no policy is named (the registry's choice).
+static DEFAULT_POLICIES: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(cudamem_alloc::policy::registry::default_policies);
 
 /// A policy option's help, listing the policies the registry knows.
 pub(crate) fn policy_help(what: &str, list: bool) -> String {
-    let known = cudamem_alloc::policy::POLICY_NAMES.join(", ");
-    if list {
-        format!("{what}: any of {known} (also accepted as --policy/--policies)")
-    } else {
-        format!("{what}: one of {known}")
-    }
+    cudamem_alloc::policy::registry::help(what, list)
 }
 
 fn policies(list: &str) -> Result<Vec<String>, String> {

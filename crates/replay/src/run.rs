@@ -45,7 +45,7 @@ pub struct ReplayOptions {
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
-            policy: "pytorch".into(),
+            policy: cudamem_alloc::policy::registry::PYTORCH.into(),
             config: None,
             capacity: H200_CAPACITY,
             repeats: 3,
@@ -373,7 +373,7 @@ pub fn replay_device(
     let plan = opts.device == "sim"
         && opts
             .plan_addresses
-            .unwrap_or(trace_own_settings && opts.policy == "pytorch");
+            .unwrap_or(trace_own_settings && cudamem_alloc::policy::registry::replays_recorded_decisions(&opts.policy));
     let mut slots = vec![0u64; p.slots as usize];
     let (target, alloc) = new_allocator(p, cfg, opts, plan)?;
     let (ns, ooms, peak) = {
@@ -431,14 +431,7 @@ pub fn replay_device(
 /// The settings a replay ran with, as a `PYTORCH_CUDA_ALLOC_CONF` string (the policy name
 /// `pytorch-expandable` implies `expandable_segments:True`).
 pub fn settings_string(cfg: &AllocatorConfig, policy: &str) -> String {
-    let config = cfg.settings.clone();
-    if policy != "pytorch-expandable" || config.contains("expandable_segments") {
-        config
-    } else if config.is_empty() {
-        "expandable_segments:True".into()
-    } else {
-        format!("{config},expandable_segments:True")
-    }
+    cudamem_alloc::policy::registry::with_implied_settings(&cfg.settings, policy)
 }
 
 /// Replays every device of a trace.

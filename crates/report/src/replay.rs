@@ -50,7 +50,7 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
-            policy: "pytorch".into(),
+            policy: cudamem_alloc::policy::registry::PYTORCH.into(),
             config: None,
             capacity: H200_CAPACITY,
             record_history: false,
@@ -100,7 +100,7 @@ pub fn run(trace: &Trace, opts: &RunOptions) -> Result<Run, String> {
     };
     let cfg = effective_config(trace, &ropts)?;
     let own = opts.config.as_deref().is_none_or(|s| s.trim().is_empty());
-    let plan = own && opts.policy == "pytorch";
+    let plan = own && cudamem_alloc::policy::registry::replays_recorded_decisions(&opts.policy);
     let mut devices = Vec::new();
     for dt in &trace.devices {
         devices.push(run_device(trace, dt, &cfg, opts, plan)?);

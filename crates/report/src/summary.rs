@@ -50,7 +50,7 @@ pub struct SummaryReport {
 /// [module docs](self)).
 pub fn summary(trace: &Trace) -> Result<SummaryReport, String> {
     let opts = ReplayOptions {
-        policy: "pytorch".into(),
+        policy: cudamem_alloc::policy::registry::PYTORCH.into(),
         repeats: 0,
         ..ReplayOptions::default()
     };

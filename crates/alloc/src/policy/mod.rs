@@ -5,7 +5,8 @@
 //! A [`Policy`] makes the decisions: how a request is rounded, which pool serves it, how much
 //! device memory to get when the cache has no fit, whether a cached block is acceptable, whether
 //! to split, and whether a pool grows by mapping pages. Adding a policy means adding a file in
-//! this folder and a line in [`by_name`].
+//! this folder and a row in [`registry::REGISTRY`], from which every list of names, the parsing
+//! and the help texts are derived.
 //!
 //! Policies are stateless: every decision is a pure function of the configuration and sizes, so
 //! the engine can call them under its lock without surprises.
@@ -17,11 +18,13 @@
 
 mod cudamem;
 mod pytorch;
+pub mod registry;
 
 use std::fmt;
 
 pub use cudamem::CudamemPolicy;
 pub use pytorch::PytorchPolicy;
+pub use registry::{by_name, PolicyEntry, POLICY_NAMES, REGISTRY};
 
 use crate::block::{Block, PoolId};
 use crate::config::AllocatorConfig;
@@ -70,6 +73,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// (one `cuMemCreate`+`cuMemMap` per mapping) but are unmapped only when wholly free.
     fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
         None
+    }
+
+    /// Whether this policy decides exactly as PyTorch's native allocator under the same
+    /// settings: a replay with it and a trace's own settings can then reproduce the trace's
+    /// recorded addresses.
+    fn reproduces_pytorch(&self) -> bool {
+        false
     }
 
     /// This policy as a [`Builtin`], if it is one. The engine then calls its hot decisions
@@ -164,23 +174,5 @@ impl Dispatch {
     #[inline(always)]
     pub(crate) fn expandable_page_size(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
         dispatch!(self, expandable_page_size(cfg, pool))
-    }
-}
-
-/// The policy names the command line and the APIs accept.
-pub const POLICY_NAMES: &[&str] = &["cudamem", "cudamem-compact", "pytorch", "pytorch-expandable"];
-
-/// The policy of a name, and the config changes that name implies (`pytorch-expandable` is
-/// PyTorch's policy with `expandable_segments:True`).
-pub fn by_name(name: &str, cfg: &mut AllocatorConfig) -> Result<Box<dyn Policy>, String> {
-    match name {
-        "pytorch" => Ok(Box::new(PytorchPolicy)),
-        "pytorch-expandable" => {
-            cfg.expandable_segments = true;
-            Ok(Box::new(PytorchPolicy))
-        }
-        "cudamem" => Ok(Box::new(CudamemPolicy { compact: false })),
-        "cudamem-compact" => Ok(Box::new(CudamemPolicy { compact: true })),
-        other => Err(format!("unknown policy '{other}' (known: {})", POLICY_NAMES.join(", "))),
     }
 }

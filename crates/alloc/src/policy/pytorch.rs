@@ -44,6 +44,10 @@ impl Policy for PytorchPolicy {
         "pytorch"
     }
 
+    fn reproduces_pytorch(&self) -> bool {
+        true
+    }
+
     fn pools(&self) -> Vec<PoolSpec> {
         vec![PoolSpec { is_small: true }, PoolSpec { is_small: false }]
     }
