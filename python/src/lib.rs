@@ -39,6 +39,7 @@ pub mod native;
 pub mod registry;
 mod reports;
 mod sleep;
+pub mod trackers;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -27,9 +27,10 @@ use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
 use crate::history;
 use crate::ipc;
 use crate::registry;
+use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 4;
+pub const NATIVE_API_VERSION: u32 = 5;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -92,6 +93,8 @@ pub struct NativeApi {
     pub ipc_open: unsafe extern "C" fn(c_int, *const u8, usize, *mut u64, *mut c_int) -> c_int,
     /// `(device, ptr, opened) -> kind`: the deleter of what `ipc_open` returned.
     pub ipc_close: extern "C" fn(c_int, u64, c_int) -> c_int,
+    /// `(ctx, hook) -> kind`: segment changes to torch's trace trackers (see [`crate::trackers`]).
+    pub set_segment_hook: unsafe extern "C" fn(*mut c_void, trackers::SegmentHook) -> c_int,
 }
 
 /// One segment of a snapshot, as c10's `SegmentInfo` wants it.
@@ -156,6 +159,7 @@ static API: NativeApi = NativeApi {
     ipc_share: ipc::nat_ipc_share,
     ipc_open: ipc::nat_ipc_open,
     ipc_close: ipc::nat_ipc_close,
+    set_segment_hook: trackers::nat_set_segment_hook,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.

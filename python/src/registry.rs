@@ -19,6 +19,7 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudamem_alloc::engine::SegmentObserver;
 use cudamem_alloc::size::parse_size;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
@@ -127,12 +128,33 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     // Memory history set for every device (record_memory_history(device=None)) applies to
     // allocators created later too; under CREATE, so that no setting is missed.
     crate::history::on_new_allocator(device, &alloc);
+    if let Some(o) = lock_observer().clone() {
+        alloc.lock().set_segment_observer(Some(o));
+    }
     let _ = SLOTS[i].set(Entry { alloc, policy });
     if CREATED.load(Ordering::Relaxed) == 0 {
         FIRST.store(device, Ordering::Relaxed);
     }
     CREATED.fetch_add(1, Ordering::Release); // after the slot is set: `sole` reads it
     Ok(&SLOTS[i].get().expect("slot was just set").alloc)
+}
+
+/// The observer of every allocator's segment changes, existing and future (torch's trace
+/// trackers, see `crate::trackers`).
+static SEGMENT_OBSERVER: Mutex<Option<SegmentObserver>> = Mutex::new(None);
+
+fn lock_observer() -> std::sync::MutexGuard<'static, Option<SegmentObserver>> {
+    SEGMENT_OBSERVER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Makes `observer` hear the segment changes of every allocator, those that exist and those
+/// created later.
+pub fn set_segment_observer(observer: SegmentObserver) {
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    *lock_observer() = Some(observer.clone());
+    for (_, a) in existing() {
+        a.lock().set_segment_observer(Some(observer.clone()));
+    }
 }
 
 /// Runs `f` while no allocator can be created (for settings that must reach every allocator,

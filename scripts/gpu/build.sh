@@ -22,7 +22,7 @@ trap 'rm -f "$json"' EXIT
 
 cargo build -p cudamem-cuda --release --example driver_pairs
 cargo build -p cudamem --release --example gpu_bench --example quickstart
-cargo build -p cudamem-alloc --release --example sharded_cost
+cargo build -p cudamem-sharded --release --example sharded_cost
 # Test binaries in the `ci` profile (release without LTO: same code, minutes less linking).
 cargo test -p cudamem-cuda --profile ci --no-run --message-format=json >"$json"
 cargo test -p cudamem --profile ci --no-run --message-format=json >>"$json"

@@ -211,10 +211,10 @@ pub type AddrKey = (StreamId, u64, BlockId);
 
 /// The free blocks of one size class. See the [module documentation](self).
 ///
-/// Aligned to 128 bytes: a pool's counters change on every operation, and the engines of
-/// [`crate::ShardedAllocator`] are built one after another on one thread, so without it one
-/// shard's pools could share a cache line with another shard's state (false sharing between
-/// threads that share nothing).
+/// Aligned to 128 bytes: a pool's counters change on every operation, and the engines of an
+/// allocator composed of several (see [`crate::engine::hook`]) are built one after another on
+/// one thread, so without it one engine's pools could share a cache line with another's state
+/// (false sharing between threads that share nothing).
 #[derive(Debug)]
 #[repr(align(128))]
 pub struct Pool {

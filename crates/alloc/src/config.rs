@@ -139,7 +139,7 @@ pub struct AllocatorConfig {
     /// `None` (default) lets the engine choose.
     pub policy: Option<String>,
     /// cudamem only (`sharded:True`): give each group of streams its own engine and lock
-    /// ([`crate::sharded`]), so that threads on their own streams do not wait for each other.
+    /// (the `cudamem-sharded` crate), so that threads on their own streams do not wait for each other.
     /// Read when an allocator is built (the Rust API); default false.
     pub sharded: bool,
     /// The last settings string, exactly as given, whitespace included;

@@ -47,12 +47,14 @@ mod events;
 mod expandable;
 mod free;
 mod ipc;
+mod observer;
 mod private_pools;
 mod release;
 mod settings;
 mod tags;
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
 pub use ipc::Shared;
+pub use observer::{SegmentChange, SegmentEvent, SegmentObserver};
 pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
@@ -121,6 +123,8 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) private: private_pools::PrivatePools,
     /// Tagged pools, which can sleep and wake (see [`tags`]).
     pub(crate) tags: tags::Tags,
+    /// Hears segment changes (see [`observer`]).
+    observer: observer::Observer,
 }
 
 /// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
@@ -163,6 +167,7 @@ impl<S: StatSink> Engine<S> {
             sink: S::default(),
             private,
             tags,
+            observer: Default::default(),
         };
         if e.config.per_process_memory_fraction < 1.0 {
             let f = e.config.per_process_memory_fraction;

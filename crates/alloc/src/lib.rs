@@ -18,14 +18,14 @@
 //! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
 //! | history (PyTorch's memory trace) and snapshots | [`history`], [`snapshot`] |
 //! | executable invariants | [`invariants`] |
-//! | threads on their own streams without a device-wide lock | [`sharded`] |
+//! | what an allocator composed of several engines may use | [`engine::hook`] |
 //! | errors | [`error`] |
 //!
 //! ## Locking
 //! One mutex per device allocator guards all of its state (as PyTorch's per-device mutex does);
-//! the device is called with the lock held. `CachingAllocator` is `Send + Sync`.
-//! [`ShardedAllocator`] gives each group of streams its own engine and mutex instead, with the
-//! same decisions and exact device-wide statistics (see [`sharded`]).
+//! the device is called with the lock held. `CachingAllocator` is `Send + Sync`. An allocator
+//! that gives groups of streams engines of their own (the `cudamem-sharded` crate) builds on
+//! [`engine::hook`] only.
 
 #![warn(missing_docs)]
 
@@ -41,13 +41,10 @@ pub mod lock;
 pub mod pointer_map;
 pub mod policy;
 pub mod segment;
-pub mod sharded;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
 pub mod summary;
-#[doc(hidden)]
-pub mod workload;
 
 use std::sync::Arc;
 
@@ -59,7 +56,6 @@ pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use lock::{EngineGuard, EngineLock};
 pub use policy::Policy;
-pub use sharded::ShardedAllocator;
 pub use stats::{DeviceStats, NoSink, StatSink};
 pub use summary::StatsDict;
 

@@ -176,7 +176,8 @@ pub(crate) enum Array {
 /// Values are numbered `2a` (small pool) and `2a + 1` (large pool) for the nine arrays in
 /// `memory_stats()`' alphabetical order (`active` … `segment`), then 18
 /// (`oversize_allocations`) and 19 (`oversize_segments`). The default, [`NoSink`], ignores
-/// them; the sharded allocator's shards keep each operation's changes (to log them without
+/// them; an allocator composed of several engines (see [`crate::engine::hook`]) can keep each
+/// operation's changes (to log them without
 /// reading any value back) and compare each rise with their ceilings as it happens. A rise and
 /// a fall are told apart because only a rise can pass a ceiling.
 pub trait StatSink: Default + std::fmt::Debug + Send {
@@ -205,13 +206,13 @@ impl StatSink for NoSink {
 }
 
 /// The number of `oversize_allocations` among the values [`DeviceStats::pool_value`] numbers.
-pub(crate) const OVERSIZE_ALLOCATIONS: usize = 18;
+pub const OVERSIZE_ALLOCATIONS: usize = 18;
 /// The number of `oversize_segments` among them.
-pub(crate) const OVERSIZE_SEGMENTS: usize = 19;
+pub const OVERSIZE_SEGMENTS: usize = 19;
 
 /// How many per-pool values [`DeviceStats::pool_value`] numbers: 9 arrays × (small, large),
 /// then the two oversize counters.
-pub(crate) const POOL_VALUES: usize = 20;
+pub const POOL_VALUES: usize = 20;
 
 /// PyTorch's `DeviceStats`: everything `memory_stats()` reports for one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -280,9 +281,9 @@ impl DeviceStats {
         }
     }
 
-    /// The nine stat arrays with their `memory_stats()` names, in one fixed order (the sharded
-    /// allocator's series follow it).
-    pub(crate) fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+    /// The nine stat arrays with their `memory_stats()` names, in one fixed order (that of
+    /// [`Self::pool_value`]'s numbering).
+    pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
         [
             ("active", &self.active),
             ("active_bytes", &self.active_bytes),
@@ -298,9 +299,9 @@ impl DeviceStats {
 
     /// Per-pool value `i` (see [`POOL_VALUES`]): `current` of array `i / 2`'s small (even `i`)
     /// or large (odd) pool, in [`Self::arrays`]' order; then `oversize_allocations` (18) and
-    /// `oversize_segments` (19). Off the hot path: the sharded allocator reads the values only
-    /// when a shard starts logging or the second shard starts (its sink keeps the changes).
-    pub(crate) fn pool_value(&self, i: usize) -> i64 {
+    /// `oversize_segments` (19). Off the hot path: a composed allocator's sink keeps the
+    /// changes, so it reads the values themselves only now and then.
+    pub fn pool_value(&self, i: usize) -> i64 {
         match i {
             OVERSIZE_ALLOCATIONS => self.oversize_allocations.current,
             OVERSIZE_SEGMENTS => self.oversize_segments.current,
@@ -325,7 +326,7 @@ impl DeviceStats {
     }
 
     /// The same arrays, mutable, in the same order.
-    pub(crate) fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+    pub fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
         [
             &mut self.active,
             &mut self.active_bytes,

@@ -19,7 +19,7 @@
 //!    2026-12-01). Reported: alloc+free pairs per second, all threads together, and the ratio
 //!    to one thread — once with the default allocator (one mutex per device, as in PyTorch),
 //!    once with `sharded:True` (one engine and mutex per group of streams,
-//!    `cudamem_alloc::sharded`), whose cache-hit pair latency is also shown. The 1, 2, 4, 8
+//!    `cudamem_sharded`), whose cache-hit pair latency is also shown. The 1, 2, 4, 8
 //!    sequence is measured `--rounds` times (default 5; once until 2026-12-01): pairs/s is the
 //!    median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
 //!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine

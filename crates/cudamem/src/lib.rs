@@ -122,12 +122,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use cudamem_alloc::config::ConfigError;
 pub use cudamem_alloc::size::{parse_size, SizeError};
-pub use cudamem_alloc::{
-    AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, ShardedAllocator, StatsDict,
-};
+pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
+pub use cudamem_sharded::ShardedAllocator;
 pub use interop::CudaSliceRef;
 
 use cudamem_cuda::cudarc::driver::sys::{self, CUevent, CUresult, CUstream};

@@ -7,11 +7,12 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use cudamem_alloc::workload::pairs_on_own_streams;
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, ShardedAllocator};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
 use cudamem_replay::{effective_config, new_allocator, run_once, Program, ReplayOptions};
+use cudamem_sharded::workload::pairs_on_own_streams;
+use cudamem_sharded::ShardedAllocator;
 
 const TRACES: &[&str] = &[
     "gpt2_train",

@@ -387,9 +387,19 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     oom_observers_.push_back(std::move(observer));
   }
 
+  // Trackers hear every segment change (ProcessGroupNCCL registers segments with them). The
+  // first one installs the hook that every allocator's segment observer calls, under the
+  // engine's lock, as torch calls its trackers under its allocator's mutex.
   void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    trace_trackers_.push_back(std::move(tracker));
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> g(trackers_mutex_);
+      first = trace_trackers_.empty();
+      trace_trackers_.push_back(std::move(tracker));
+    }
+    if (first) {
+      check(g_api->set_segment_hook(this, &CudamemAllocator::on_segment_change));
+    }
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -462,6 +472,21 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return -1;
   }
 
+  static void on_segment_change(void* self, int device, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+    auto* a = static_cast<CudamemAllocator*>(self);
+    CCA::TraceEntry te(
+        static_cast<CCA::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device), addr, size,
+        reinterpret_cast<void*>(stream), MempoolId_t{0, 0}, c10::getApproximateTime());
+    std::lock_guard<std::mutex> g(a->trackers_mutex_);
+    for (auto& t : a->trace_trackers_) {
+      try {
+        t(te);
+      } catch (const std::exception& e) {  // nothing may unwind into Rust
+        std::fprintf(stderr, "cudamem: an allocator trace tracker failed: %s\n", e.what());
+      }
+    }
+  }
+
   void* malloc(int device, size_t size, cudaStream_t stream) {
     const bool profiling = c10::memoryProfilingEnabled();
     uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
@@ -518,6 +543,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   std::vector<std::vector<Capture>> captures_;
   std::atomic<int> n_captures_{0};
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
+  std::mutex trackers_mutex_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
   cudamem_ipc::Opened ipc_;
   std::atomic<bool> initialized_{false};

@@ -2,16 +2,17 @@
 //! the single-lock allocator, the sharded one while one stream is all it has seen, and the
 //! sharded one after a second stream (its shard bounded: checked against its ceilings, logged
 //! only past them). Simulated device.
-//! `cargo run --release -p cudamem-alloc --example sharded_cost` (`threads`: 1, 2, 4, 8 threads;
+//! `cargo run --release -p cudamem-sharded --example sharded_cost` (`threads`: 1, 2, 4, 8 threads;
 //! `paired ROUNDS`: 1 against 2 threads in alternated bursts, for machines whose speed drifts;
 //! `mixed THREADS MS`: `gpu_bench`'s mixed loop, sharded, with the share of operations logged)
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, ShardedAllocator};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
+use cudamem_sharded::ShardedAllocator;
 
 const MIX: [u64; 8] = [512, 4 << 10, 64 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20, 2 << 10];
 const PAIRS: usize = 400_000;
@@ -111,7 +112,7 @@ fn threads(sharded_only: bool) {
             // Two streams seen, so that one thread logs as it would next to another.
             sh.free(sh.malloc(512, StreamId(99)).unwrap(), StreamId(99)).unwrap();
             let t = Instant::now();
-            cudamem_alloc::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, PER_THREAD);
+            cudamem_sharded::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, PER_THREAD);
             let rate = (n * PER_THREAD) as f64 / t.elapsed().as_secs_f64();
             let (merges, replays) = sh.merge_counts();
             println!(
@@ -146,7 +147,7 @@ fn paired(rounds: usize) {
     sh.free(sh.malloc(512, StreamId(99)).unwrap(), StreamId(99)).unwrap();
     let rate = |sharded: bool, n: usize| {
         let t = Instant::now();
-        cudamem_alloc::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, BURST);
+        cudamem_sharded::workload::pairs_on_own_streams(&one, sharded.then_some(&sh), n, BURST);
         (n * BURST) as f64 / t.elapsed().as_secs_f64() / 1e6
     };
     // Warm both (segments made, shards bounded).

@@ -4,9 +4,10 @@
 
 use std::sync::{Arc, Barrier};
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, ShardedAllocator};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
+use cudamem_sharded::ShardedAllocator;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

@@ -2,7 +2,9 @@
 
 use cudamem_device::StreamId;
 
-use crate::{CachingAllocator, ShardedAllocator};
+use cudamem_alloc::CachingAllocator;
+
+use crate::ShardedAllocator;
 
 /// The sizes of [`pairs_on_own_streams`], in turn.
 pub const PAIR_SIZES: [u64; 4] = [512, 64 << 10, 1 << 20, 4 << 20];

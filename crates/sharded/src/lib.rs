@@ -1,6 +1,6 @@
 //! # Per-stream shards: a device allocator whose threads do not wait for each other
 //!
-//! [`crate::CachingAllocator`] guards a device with one mutex, as PyTorch does, so threads that
+//! [`cudamem_alloc::CachingAllocator`] guards a device with one mutex, as PyTorch does, so threads that
 //! allocate on their own streams queue behind each other. [`ShardedAllocator`] removes that
 //! queue without changing a decision: PyTorch's rules never let one stream reuse another's
 //! block or segment (best fit, splitting, merging and expandable segments are all per stream),
@@ -69,7 +69,7 @@
 //! `empty_cache` and the out-of-memory path wait for every event of every shard, as the single
 //! engine does. (The equivalence test therefore uses no `record_stream`.)
 //!
-//! Not supported here (use [`crate::CachingAllocator`]): a per-process memory fraction, the
+//! Not supported here (use [`cudamem_alloc::CachingAllocator`]): a per-process memory fraction, the
 //! history and snapshots — each needs one device-wide view per operation, which is what
 //! sharding removes.
 
@@ -78,12 +78,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudamem_device::{Device, DevicePtr, StreamId};
 
-use crate::config::AllocatorConfig;
-use crate::engine::{Attempt, Engine};
-use crate::error::AllocError;
-use crate::policy;
-use crate::stats::{DeviceStats, Stat, StatSink};
-use crate::summary::{self, StatsDict};
+use cudamem_alloc::engine::hook::Attempt;
+use cudamem_alloc::stats::{DeviceStats, Stat, StatSink};
+use cudamem_alloc::summary::{self, StatsDict};
+use cudamem_alloc::{policy, AllocError, AllocatorConfig, Engine};
 
 /// Number of shards of a device: streams beyond this many share shards (correct, but they
 /// contend).
@@ -103,7 +101,7 @@ const MERGE_MUST: usize = 16 * MERGE_AT;
 const TABLE: usize = 1024;
 /// The "current" values whose peaks are tracked across shards: 9 arrays × (small, large), then
 /// `oversize_allocations`, `oversize_segments`.
-const N: usize = crate::stats::POOL_VALUES;
+const N: usize = cudamem_alloc::stats::POOL_VALUES;
 
 /// Whether an operation that left its shard's log with `len` entries merges afterwards (at each
 /// multiple of [`MERGE_AT`]).
@@ -416,7 +414,9 @@ impl ShardState {
     fn record(&mut self, alarm: &AtomicBool) {
         match self.tracking {
             Tracking::Solo => {}
-            Tracking::Bounded if !self.engine.sink.over && !alarm.load(Ordering::SeqCst) => self.engine.sink.clear(),
+            Tracking::Bounded if !self.engine.sink().over && !alarm.load(Ordering::SeqCst) => {
+                self.engine.sink_mut().clear()
+            }
             _ => self.record_tracked(alarm),
         }
     }
@@ -427,9 +427,9 @@ impl ShardState {
     #[inline(never)]
     fn record_tracked(&mut self, alarm: &AtomicBool) {
         if self.tracking == Tracking::Bounded {
-            self.start_logging(self.engine.sink.over, alarm);
+            self.start_logging(self.engine.sink().over, alarm);
         }
-        let sink = &mut self.engine.sink;
+        let sink = self.engine.sink_mut();
         let changed = sink.mask;
         if changed == 0 {
             sink.clear();
@@ -469,8 +469,8 @@ impl ShardState {
 
     /// The tracked values before the operation just done: now minus what it changed.
     fn values_before(&self) -> [i64; N] {
-        let now = currents(&self.engine.stats);
-        std::array::from_fn(|i| now[i] - self.engine.sink.delta[i])
+        let now = currents(self.engine.kept_stats());
+        std::array::from_fn(|i| now[i] - self.engine.sink().delta[i])
     }
 
     /// `Bounded` → `Logged`, before the operation just done: raise `alarm` (with a full
@@ -484,7 +484,7 @@ impl ShardState {
         self.used = true;
         self.start = series_of(&self.values_before());
         // Rises are counted from here: the operation's end value is its highest point.
-        self.engine.stats.reset_peak();
+        self.engine.reset_peak_stats();
         self.tracking = Tracking::Logged;
     }
 
@@ -493,7 +493,7 @@ impl ShardState {
     /// `demand` is its rise above where it ends; the next window starts from here, with the
     /// engine's peaks back at the current values.
     fn close_window(&mut self) {
-        let (now, high) = series(&self.engine.stats);
+        let (now, high) = series(self.engine.kept_stats());
         if self.tracking == Tracking::Logged && !self.log.entries.is_empty() {
             self.log.start = self.start;
             for k in 0..S {
@@ -512,7 +512,7 @@ impl ShardState {
             self.demand[k] = (high[k] - now[k]).max(0);
         }
         self.start = now;
-        self.engine.stats.reset_peak();
+        self.engine.reset_peak_stats();
     }
 }
 
@@ -541,14 +541,14 @@ fn settle(peak: &[i64; S], shards: &mut [MutexGuard<'_, ShardState>], alarm: &At
         for (j, &i) in used.iter().enumerate() {
             let st = &mut shards[i];
             let c = st.start[k] + share[j];
-            st.engine.sink.set_ceiling(k, c);
+            st.engine.sink_mut().set_ceiling(k, c);
         }
     }
     for &i in used {
         let st: &mut ShardState = &mut shards[i];
         // Between operations the sink is clear, but for the shard that was the device until
         // now: a `Solo` shard records nothing, and its sink kept adding.
-        st.engine.sink.clear();
+        st.engine.sink_mut().clear();
         st.tracking = Tracking::Bounded;
     }
     alarm.store(false, Ordering::SeqCst);
@@ -1124,7 +1124,7 @@ impl ShardedAllocator {
             EMPTY => self.mode.store(i as u64, Ordering::Release),
             m if m == MULTI || m == i as u64 => {}
             solo => {
-                let mut s = shards[solo as usize].engine.stats;
+                let mut s = *shards[solo as usize].engine.kept_stats();
                 agg.current[..N].copy_from_slice(&currents(&s));
                 for (a, arr) in s.arrays_mut().into_iter().enumerate() {
                     agg.current[N + a] = arr.0[0].current;
@@ -1178,10 +1178,10 @@ impl ShardedAllocator {
         let i = self.shard_of(stream);
         self.enter(i);
         let mut st = self.shard(i);
-        let before = st.engine.stats.allocation.all().current;
-        let r = st.engine.try_malloc(size, stream, true);
+        let before = st.engine.kept_stats().allocation.all().current;
+        let r = st.engine.malloc_or_defer(size, stream);
         st.record(&self.alarm);
-        let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
+        let first = (before == 0 && st.engine.kept_stats().allocation.all().current > 0).then_some(i);
         let len = st.log.entries.len();
         drop(st);
         match r? {
@@ -1207,18 +1207,17 @@ impl ShardedAllocator {
             // Any segment, even one with no pages mapped (an expandable segment's reserved
             // address range): the single engine's release frees those too, and skipping them
             // here left the device's address space different (found by the property test).
-            if j != i && st.engine.segments.iter().next().is_some() {
-                st.engine.empty_cache()?;
+            if j != i && st.engine.has_segments() {
                 // Shard i's release below counts the device's one synchronisation.
-                st.engine.stats.num_sync_all_streams -= 1;
+                st.engine.empty_cache_uncounted()?;
                 st.record(&self.alarm);
             }
         }
         let st = &mut all[i];
-        let before = st.engine.stats.allocation.all().current;
-        let r = st.engine.malloc_last_resort(size, stream);
+        let before = st.engine.kept_stats().allocation.all().current;
+        let r = st.engine.malloc_after_device_release(size, stream);
         st.record(&self.alarm);
-        let first = (before == 0 && st.engine.stats.allocation.all().current > 0).then_some(i);
+        let first = (before == 0 && st.engine.kept_stats().allocation.all().current > 0).then_some(i);
         match r {
             Err(e) if e.is_out_of_memory() => Err(self.device_wide_oom(&all, e)),
             r => r.map(|p| (p, first)),
@@ -1231,11 +1230,11 @@ impl ShardedAllocator {
             AllocError::OutOfMemory(mut o) => {
                 o.allocated = all
                     .iter()
-                    .map(|s| s.engine.stats.allocated_bytes.all().current as u64)
+                    .map(|s| s.engine.kept_stats().allocated_bytes.all().current as u64)
                     .sum();
                 o.reserved = all
                     .iter()
-                    .map(|s| s.engine.stats.reserved_bytes.all().current as u64)
+                    .map(|s| s.engine.kept_stats().reserved_bytes.all().current as u64)
                     .sum();
                 o.largest_free_block = all.iter().map(|s| s.engine.largest_free_block()).max().unwrap_or(0);
                 AllocError::OutOfMemory(o)
@@ -1287,7 +1286,7 @@ impl ShardedAllocator {
         match st.engine.free(ptr) {
             Ok(()) => {
                 st.record(&s.alarm);
-                let last = (st.engine.stats.allocation.all().current == 0).then_some(i);
+                let last = (st.engine.kept_stats().allocation.all().current == 0).then_some(i);
                 let len = st.log.entries.len();
                 let pinned = merge_due_at(len).then(pin);
                 drop(st);
@@ -1323,7 +1322,7 @@ impl ShardedAllocator {
             if st.engine.owns(ptr) {
                 st.engine.free(ptr)?;
                 st.record(&self.alarm);
-                return Ok((st.engine.stats.allocation.all().current == 0).then_some(i));
+                return Ok((st.engine.kept_stats().allocation.all().current == 0).then_some(i));
             }
         }
         // No shard has it: let shard 0 explain what is wrong with the address.
@@ -1341,10 +1340,11 @@ impl ShardedAllocator {
     pub fn empty_cache(&self) -> Result<(), AllocError> {
         for i in 0..self.shards.len() {
             let mut st = self.shard(i);
-            st.engine.empty_cache()?;
             if i > 0 {
                 // One device-wide synchronisation, as the single engine counts it.
-                st.engine.stats.num_sync_all_streams -= 1;
+                st.engine.empty_cache_uncounted()?;
+            } else {
+                st.engine.empty_cache()?;
             }
             st.record(&self.alarm);
         }
@@ -1356,9 +1356,9 @@ impl ShardedAllocator {
     pub fn stats(&self) -> DeviceStats {
         let (agg, shards, mode) = self.snapshot();
         let mut out = DeviceStats::new(0);
-        out.max_split_size = shards[0].engine.stats.max_split_size;
+        out.max_split_size = shards[0].engine.kept_stats().max_split_size;
         for st in &shards {
-            let s = &st.engine.stats;
+            let s = st.engine.kept_stats();
             let add = |o: &mut Stat, x: &Stat| {
                 o.current += x.current;
                 o.allocated += x.allocated;
@@ -1387,7 +1387,7 @@ impl ShardedAllocator {
             out.oversize_allocations.peak = agg.peak[18];
             out.oversize_segments.peak = agg.peak[19];
         } else if mode != EMPTY {
-            let mut solo = shards[mode as usize].engine.stats;
+            let mut solo = *shards[mode as usize].engine.kept_stats();
             for (o, x) in out.arrays_mut().into_iter().zip(solo.arrays_mut()) {
                 for k in 0..3 {
                     o.0[k].peak = x.0[k].peak;
@@ -1417,14 +1417,14 @@ impl ShardedAllocator {
             // The ceilings shared the old peaks' headroom: share none.
             settle(&agg.peak, &mut shards, &self.alarm);
         } else if mode != EMPTY {
-            shards[mode as usize].engine.stats.reset_peak();
+            shards[mode as usize].engine.reset_peak_stats();
         }
     }
 
     /// `reset_accumulated_memory_stats()`.
     pub fn reset_accumulated_memory_stats(&self) {
         for i in 0..self.shards.len() {
-            self.shard(i).engine.stats.reset_accumulated();
+            self.shard(i).engine.reset_accumulated_stats();
         }
     }
 
@@ -1444,8 +1444,8 @@ impl ShardedAllocator {
         let (agg, shards, mode) = self.snapshot();
         let mut sum = [0i64; N];
         for (i, st) in shards.iter().enumerate() {
-            crate::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
-            for (s, c) in sum.iter_mut().zip(currents(&st.engine.stats)) {
+            cudamem_alloc::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
+            for (s, c) in sum.iter_mut().zip(currents(st.engine.kept_stats())) {
                 *s += c;
             }
         }
@@ -1458,3 +1458,6 @@ impl ShardedAllocator {
 
 #[cfg(test)]
 mod tests;
+
+#[doc(hidden)]
+pub mod workload;

@@ -23,7 +23,7 @@ proptest::proptest! {
     /// before the operation.
     #[test]
     fn every_change_of_a_tracked_value_is_noted(
-        policy in proptest::sample::select(crate::policy::POLICY_NAMES),
+        policy in proptest::sample::select(cudamem_alloc::policy::POLICY_NAMES),
         max_split in proptest::bool::ANY,
         ops in proptest::collection::vec((0u8..8, 0u64..48 << 20, 0usize..64, proptest::num::u32::ANY), 1..120),
     ) {
@@ -33,15 +33,15 @@ proptest::proptest! {
         let p = policy::by_name(policy, &mut config).unwrap();
         let mut e = Engine::<Changes>::new(device.clone(), config, p);
         let mut live: Vec<(u64, StreamId)> = Vec::new();
-        let mut before = currents(&e.stats);
+        let mut before = currents(e.kept_stats());
         for (kind, size, pick, loose) in ops {
             // Ceilings at the values before the operation, some (bit `k` of `loose`) far
             // above: so that a value may pass its own while its `all` does not, and back.
-            e.sink.clear();
+            e.sink_mut().clear();
             let pre = series_of(&before);
             let ceiling: [i64; S] = std::array::from_fn(|k| pre[k] + if loose & (1 << k) != 0 { 1 << 50 } else { 0 });
             for (k, &c) in ceiling.iter().enumerate() {
-                e.sink.set_ceiling(k, c);
+                e.sink_mut().set_ceiling(k, c);
             }
             match kind {
                 0..=3 => {
@@ -64,16 +64,16 @@ proptest::proptest! {
                 }
                 _ => e.empty_cache().unwrap(),
             }
-            let now = currents(&e.stats);
+            let now = currents(e.kept_stats());
             for i in 0..N {
-                if e.sink.mask & (1 << i) == 0 {
+                if e.sink().mask & (1 << i) == 0 {
                     proptest::prop_assert_eq!(now[i], before[i], "value {} changed unnoted", i);
                 }
-                proptest::prop_assert_eq!(now[i] - before[i], e.sink.delta[i], "value {}'s amount", i);
+                proptest::prop_assert_eq!(now[i] - before[i], e.sink().delta[i], "value {}'s amount", i);
             }
             let passed = series_of(&now).iter().zip(&ceiling).any(|(n, c)| n > c);
             if passed {
-                proptest::prop_assert!(e.sink.over, "a series ended above its ceiling unflagged");
+                proptest::prop_assert!(e.sink().over, "a series ended above its ceiling unflagged");
             }
             before = now;
         }
