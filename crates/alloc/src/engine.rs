@@ -28,6 +28,8 @@
 //! that grow by mapping pages. `engine/free.rs`: free and merge. `engine/events.rs`: streams and events.
 //! `engine/release.rs`: returning cached memory. `engine/settings.rs`: the memory fraction and read-only
 //! views. `engine/private_pools.rs`: CUDA-graph and `MemPool` pools. `engine/tags.rs`: sleep and wake.
+//! `engine/hook.rs`: what an allocator composed of several engines may use (its whole interface
+//! to them).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -46,15 +48,16 @@ mod bookkeeping;
 mod events;
 mod expandable;
 mod free;
+pub mod hook;
 mod ipc;
 mod observer;
 mod private_pools;
 mod release;
 mod settings;
 mod tags;
-pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
 pub use ipc::Shared;
 pub use observer::{SegmentChange, SegmentEvent, SegmentObserver};
+pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
 pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
@@ -73,8 +76,9 @@ struct Request {
     alloc_size: u64,
 }
 
-/// What a deferred-last-resort `malloc` came to.
-pub(crate) enum Attempt {
+/// What a `malloc` that may leave its last resort to the caller came to (see [`hook`]).
+#[derive(Debug)]
+pub enum Attempt {
     /// Allocated (or size 0).
     Done(u64),
     /// Everything short of releasing the device's whole cache failed.
@@ -82,7 +86,8 @@ pub(crate) enum Attempt {
 }
 
 /// The allocator state of one device. See the [module documentation](self). `S` hears of
-/// every change of a per-pool stat value (see [`StatSink`]); the default hears nothing.
+/// every change of a per-pool stat value (see [`StatSink`] and [`hook`]); the default hears
+/// nothing.
 #[derive(Debug)]
 pub struct Engine<S: StatSink = NoSink> {
     pub(crate) device: Arc<dyn Device>,
@@ -194,15 +199,10 @@ impl<S: StatSink> Engine<S> {
 
     /// `malloc`, except that with `defer_last_resort` the last step of the fallback ladder
     /// (release every cached block of the device, retry) is left to the caller, who owns the
-    /// other streams' caches ([`crate::sharded`]): it then gets `NeedsDeviceRelease` and calls
+    /// device's other caches (see [`hook`]): it then gets `NeedsDeviceRelease` and calls
     /// [`Engine::malloc_last_resort`] once it has released them.
     #[inline(always)]
-    pub(crate) fn try_malloc(
-        &mut self,
-        orig_size: u64,
-        stream: StreamId,
-        defer_last_resort: bool,
-    ) -> Result<Attempt, AllocError> {
+    fn try_malloc(&mut self, orig_size: u64, stream: StreamId, defer_last_resort: bool) -> Result<Attempt, AllocError> {
         self.try_malloc_in(orig_size, stream, defer_last_resort, 0)
     }
 
@@ -245,7 +245,7 @@ impl<S: StatSink> Engine<S> {
 
     /// The last step of the ladder for a deferred `try_malloc`: release this engine's cached
     /// blocks and retry (the caller released the other engines' first).
-    pub(crate) fn malloc_last_resort(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
+    fn malloc_last_resort(&mut self, orig_size: u64, stream: StreamId) -> Result<u64, AllocError> {
         let req = self.with_alloc_size(self.request_in(orig_size, stream, 0));
         self.release_cached_blocks()?;
         match self.alloc_block(&req, true)? {
