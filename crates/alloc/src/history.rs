@@ -11,7 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-pub use cudamem_trace::{Action, Frame, Stack};
+pub use cudamem_trace_types::{Action, Frame, Stack};
 
 /// Which events carry stacks (PyTorch's `context` argument).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]

@@ -184,7 +184,7 @@ impl CachingAllocator {
         self.lock().device.clone()
     }
     /// `torch.cuda.memory._snapshot()`: state and history in PyTorch's schema.
-    pub fn snapshot(&self) -> cudamem_trace::Trace {
+    pub fn snapshot(&self) -> cudamem_trace_types::Trace {
         self.lock().snapshot()
     }
     /// `torch.cuda.memory._record_memory_history(enabled, context, ..., max_entries)`.

@@ -9,7 +9,7 @@
 //! As in PyTorch, an expandable segment is reported as one segment per contiguous mapped range,
 //! and taking a snapshot records a `snapshot` history entry whose size is the active bytes.
 
-use cudamem_trace::{
+use cudamem_trace_types::{
     AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, SegmentSnapshot, SegmentType, Trace,
     TraceEvent,
 };
@@ -166,7 +166,7 @@ impl<S: crate::stats::StatSink> Engine<S> {
 
     /// Sets the stack attached to the events of the next calls (the Python package passes the
     /// Python frames of each allocation; `None` clears it).
-    pub fn set_current_stack(&mut self, frames: Option<Vec<cudamem_trace::Frame>>) {
+    pub fn set_current_stack(&mut self, frames: Option<Vec<cudamem_trace_types::Frame>>) {
         self.current_stack = frames.map(|f| self.history.intern(f));
     }
 
