@@ -478,3 +478,4 @@ def __getattr__(name: str):
 
 
 from cudamem._sleep import sleep, sleep_stats, tag, wake_up  # noqa: E402
+from cudamem import estimate  # noqa: E402,F401  (callable: cudamem.estimate(fn, ...))

@@ -32,6 +32,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod estimate;
 pub mod ffi;
 pub mod history;
 pub mod ipc;
@@ -597,5 +598,6 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
     m.add("MAX_FRAMES", history::MAX_FRAMES)?;
     reports::register(m)?;
+    estimate::register(m)?;
     Ok(())
 }

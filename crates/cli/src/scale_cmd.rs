@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use cudamem_alloc::size::human;
-use cudamem_estimate::{gpu_capacity, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
+use cudamem_estimate::report::{largest_json, peak_json, quality_json};
+use cudamem_estimate::{gpu_capacity, holdout, largest_batch, peak_at, Largest, Peak, ScaleModel};
 use cudamem_replay::ReplayOptions;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::{load, policies, CliResult};
 
@@ -45,28 +46,6 @@ pub struct ScaleArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn peak_json(p: &Peak) -> Value {
-    json!({"batch": p.batch, "policy": p.policy, "peak_reserved_bytes": p.peak_reserved, "peak_requested_bytes": p.peak_requested})
-}
-
-fn largest_json(l: &Largest) -> Value {
-    json!({
-        "policy": l.policy, "capacity_bytes": l.capacity, "largest_batch": l.batch,
-        "peak_reserved_bytes": l.peak_reserved, "spare_bytes": l.spare,
-        "next_batch": l.next.map(|n| n.0), "next_batch_needs_bytes": l.next.map(|n| n.1),
-        "limit_reached": l.limit_reached,
-    })
-}
-
-fn quality_json(q: &Quality) -> Value {
-    json!({
-        "exact_alignment": q.exact_alignment, "allocations": q.allocations, "matched": q.matched,
-        "scaling": q.scaling, "max_relative_residual": q.max_relative_residual,
-        "residual_share": q.residual_share, "extrapolation": q.extrapolation,
-        "holdout_error": q.holdout_error, "confidence": q.confidence,
-    })
 }
 
 /// The one-line answer: what the target batch needs and what fits the capacity.

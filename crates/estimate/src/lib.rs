@@ -36,8 +36,10 @@ pub mod align;
 pub mod fit;
 pub mod gpus;
 pub mod predict;
+pub mod report;
 
 pub use align::{align, Alignment};
 pub use fit::{fit_sizes, SizeFit};
 pub use gpus::{gpu_capacity, GPUS};
 pub use predict::{confidence, fits, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
+pub use report::{replay_report, scale_report, ScaleRequest};

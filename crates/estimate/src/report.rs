@@ -1,0 +1,127 @@
+//! The whole scaling answer as one JSON value, for bindings that hand it on (the Python
+//! package's `cudamem.estimate.scale`), and the replay of one trace under several policies, for
+//! the GPU-free estimate. The keys are those of `cudamem scale --json`.
+
+use cudamem_replay::{replay, ReplayOptions};
+use cudamem_trace::Trace;
+use serde_json::{json, Value};
+
+use crate::predict::{confidence, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
+
+/// What to predict from traces at several batch sizes.
+#[derive(Clone, Debug)]
+pub struct ScaleRequest {
+    /// Batch size of each trace.
+    pub batches: Vec<u64>,
+    /// Batch to predict the peak at.
+    pub at: Option<u64>,
+    /// Capacity to find the largest batch for.
+    pub capacity: Option<u64>,
+    /// Policies, the first one's answer in the headline.
+    pub policies: Vec<String>,
+    /// Settings over the traces' own.
+    pub config: Option<String>,
+    /// Degree of the size fit.
+    pub degree: usize,
+    /// The largest batch the search tries.
+    pub limit: u64,
+}
+
+/// A [`Peak`] as JSON.
+pub fn peak_json(p: &Peak) -> Value {
+    json!({"batch": p.batch, "policy": p.policy, "peak_reserved_bytes": p.peak_reserved, "peak_requested_bytes": p.peak_requested})
+}
+
+/// A [`Largest`] as JSON.
+pub fn largest_json(l: &Largest) -> Value {
+    json!({
+        "policy": l.policy, "capacity_bytes": l.capacity, "largest_batch": l.batch,
+        "peak_reserved_bytes": l.peak_reserved, "spare_bytes": l.spare,
+        "next_batch": l.next.map(|n| n.0), "next_batch_needs_bytes": l.next.map(|n| n.1),
+        "limit_reached": l.limit_reached,
+    })
+}
+
+/// A [`Quality`] as JSON.
+pub fn quality_json(q: &Quality) -> Value {
+    json!({
+        "exact_alignment": q.exact_alignment, "allocations": q.allocations, "matched": q.matched,
+        "scaling": q.scaling, "max_relative_residual": q.max_relative_residual,
+        "residual_share": q.residual_share, "extrapolation": q.extrapolation,
+        "holdout_error": q.holdout_error, "confidence": q.confidence,
+    })
+}
+
+fn opts(policy: &str, config: &Option<String>) -> ReplayOptions {
+    ReplayOptions {
+        policy: policy.to_string(),
+        config: config.clone(),
+        ..ReplayOptions::default()
+    }
+}
+
+/// Everything `cudamem scale` computes, as its `--json` object (without `traces`).
+pub fn scale_report(traces: &[Trace], r: &ScaleRequest) -> Result<Value, String> {
+    if r.policies.is_empty() {
+        return Err("no policy given".into());
+    }
+    if r.at.is_none() && r.capacity.is_none() {
+        return Err("nothing to predict: give a batch to predict at, a capacity, or both".into());
+    }
+    if r.at == Some(0) {
+        return Err("a batch of 0 allocates nothing: predict at batch 1 or more".into());
+    }
+    let model = ScaleModel::learn(traces, &r.batches, r.degree)?;
+    let mut q = model.quality(r.at.unwrap_or(model.base_batch()));
+    q.holdout_error = holdout(traces, &r.batches, r.degree, &opts(&r.policies[0], &r.config))?;
+    q.confidence = confidence(&q);
+    let mut at = Vec::new();
+    if let Some(b) = r.at {
+        for p in &r.policies {
+            at.push(peak_at(&model, b, &opts(p, &r.config))?);
+        }
+    }
+    let mut largest = Vec::new();
+    if let Some(c) = r.capacity {
+        for p in &r.policies {
+            largest.push(largest_batch(&model, &opts(p, &r.config), c, r.limit)?);
+        }
+    }
+    Ok(json!({
+        "batches": r.batches, "degree": r.degree, "quality": quality_json(&q),
+        "at": at.iter().map(peak_json).collect::<Vec<_>>(),
+        "largest": largest.iter().map(largest_json).collect::<Vec<_>>(),
+    }))
+}
+
+/// The trace replayed with each policy on `capacity`: peaks, device allocations and failed
+/// allocations per policy.
+pub fn replay_report(
+    trace: &Trace,
+    policies: &[String],
+    capacity: u64,
+    config: Option<String>,
+) -> Result<Value, String> {
+    let mut rows = Vec::new();
+    for p in policies {
+        let res = replay(
+            trace,
+            &ReplayOptions {
+                capacity,
+                repeats: 0,
+                plan_addresses: Some(false),
+                ..opts(p, &config)
+            },
+        )?;
+        rows.push(json!({
+            "policy": p,
+            "capacity_bytes": capacity,
+            "peak_reserved_bytes": res.max(|d| d.peak_reserved_bytes),
+            "peak_requested_bytes": res.max(|d| d.peak_requested_bytes),
+            "peak_allocated_bytes": res.max(|d| d.peak_allocated_bytes),
+            "device_allocs": res.total(|d| d.device_allocs),
+            "ooms": res.total(|d| d.ooms),
+        }));
+    }
+    Ok(Value::Array(rows))
+}

@@ -1,0 +1,343 @@
+"""The GPU-free recorder behind :mod:`cudamem.estimate`: a PyTorch program run on the meta
+device, its CUDA memory recorded as a trace.
+
+Design. Two modes wrap the recorded code:
+
+* a ``TorchFunctionMode`` (:class:`_Redirect`) turns every ``cuda`` device into ``meta``
+  (``device=`` arguments, ``Tensor.cuda()``, ``Tensor.to("cuda")``, ``Module.cuda()`` through
+  them), so tensors have shapes, dtypes and storages of the right size but no data, and
+  autograd runs on the CPU. It also does what CUDA would do differently from meta above the
+  dispatcher: ``torch.autocast("cuda")`` (torch disables it without a GPU) is emulated with
+  CUDA's cast lists and its cache of casted weights, and ``scaled_dot_product_attention`` takes
+  the fused kernel CUDA would pick (flash for half types, memory-efficient otherwise) instead of
+  the math path that materialises the attention matrix.
+* a ``TorchDispatchMode`` (:class:`_Track`) sees every aten op after decomposition, in program
+  order, on the calling thread (the backward pass too: on the CPU the autograd engine runs in the
+  caller's thread). Each new storage an op returns is an allocation of its ``nbytes``; a
+  ``weakref.finalize`` on the storage marks its free, so memory that autograd keeps (saved
+  tensors, shallow copies) lives exactly as long as on the GPU. The first matrix product of a
+  thread (forward) and of the backward pass each allocate a cuBLAS workspace, as torch does per
+  (handle, stream).
+
+Foreach optimizer kernels are enabled for meta tensors, since on CUDA optimizers take them and
+their temporaries differ from the per-tensor loop. What only real kernels allocate is listed
+in the estimate's ``left_out`` (cuDNN workspaces, kernel-internal scratch buffers, NCCL).
+Every patch is undone on exit, also when the code raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .estimate import TraceBuilder, _estimate_from, cublas_workspace_bytes
+
+META = torch.device("meta")
+
+# aten ops (overload packet names) that call cuBLAS on CUDA.
+_CUBLAS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_scaled_mm",
+           "addmm_", "baddbmm_", "_addmm_activation", "matmul"}
+_CUDNN = {"convolution", "cudnn_convolution", "convolution_backward", "cudnn_batch_norm",
+          "_cudnn_rnn", "cudnn_convolution_transpose"}
+_SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",
+            "index_put", "_index_put_impl_", "scatter_reduce", "_embedding_bag", "multinomial", "kthvalue",
+            "median", "nll_loss_forward", "_fused_adam", "_fused_adamw"}
+
+_LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+        torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
+        torch.Tensor.baddbmm, torch.addbmm, torch.einsum, torch.mv, torch.conv1d, torch.conv2d, torch.conv3d,
+        torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.prelu,
+        F.scaled_dot_product_attention}
+_FP32 = {F.layer_norm, torch.layer_norm, F.group_norm, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
+         F.binary_cross_entropy_with_logits, F.kl_div, F.nll_loss, torch.exp, torch.Tensor.exp, torch.log,
+         torch.Tensor.log, torch.rsqrt, torch.Tensor.rsqrt, torch.pow, torch.Tensor.pow, torch.logsumexp,
+         F.softplus, torch.cdist, F.cosine_similarity}
+_FP32_DTYPE = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax,
+               torch.Tensor.log_softmax, torch.cumsum, torch.Tensor.cumsum, torch.prod, torch.Tensor.prod,
+               torch.sum, torch.Tensor.sum, torch.cumprod}
+
+
+def _fix(d: Any) -> Any:
+    if isinstance(d, (str, torch.device, int)) and not isinstance(d, bool):
+        try:
+            if torch.device(d).type == "cuda" or isinstance(d, int):
+                return META
+        except (RuntimeError, TypeError):
+            return d
+    return d
+
+
+class _Autocast:
+    """One emulated ``torch.autocast("cuda")`` region."""
+
+    def __init__(self, dtype: torch.dtype, enabled: bool, cache: bool) -> None:
+        self.dtype, self.enabled, self.cache = dtype, enabled, cache
+
+
+class _Redirect(TorchFunctionMode):
+    def __init__(self, rec: "Recorder") -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _fix(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            return torch.Tensor.to(args[0], META, non_blocking=kwargs.get("non_blocking", False))
+        if func is torch.Tensor.to:
+            args = (args[0],) + tuple(_fix(a) if not isinstance(a, torch.Tensor) else a for a in args[1:])
+        elif func is torch.Tensor.pin_memory:
+            return args[0]
+        ac = self.rec.autocast[-1] if self.rec.autocast else None
+        if ac is not None and ac.enabled:
+            if func in _LOW:
+                args, kwargs = self._cast(args, ac.dtype, ac), self._cast(kwargs, ac.dtype, ac)
+            elif func in _FP32:
+                args, kwargs = self._cast(args, torch.float32, None), self._cast(kwargs, torch.float32, None)
+            elif func in _FP32_DTYPE and kwargs.get("dtype") is None and args and _eligible(args[0]):
+                kwargs["dtype"] = torch.float32
+            elif func is F.cross_entropy and args and _eligible(args[0]) and not kwargs.get("label_smoothing"):
+                # Autocast runs cross_entropy's log_softmax with dtype=float32 (no fp32 copy of
+                # the input) and nll_loss in float32: the same here.
+                dim = 1 if args[0].dim() >= 2 else 0
+                kw = {k: v for k, v in kwargs.items() if k in ("weight", "ignore_index", "reduction")}
+                return F.nll_loss(F.log_softmax(args[0], dim, dtype=torch.float32), *args[1:], **kw)
+        if func is F.scaled_dot_product_attention:
+            return _sdpa(*args, **kwargs)
+        if func is torch.Tensor.backward:
+            # This mode is off while it handles a call, and the backward pass can run Python that
+            # needs it (activation checkpointing's recomputation): back on for the duration, around
+            # the engine call (which no mode intercepts) rather than Tensor.backward itself.
+            return _backward(self.rec, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _cast(self, x: Any, dtype: torch.dtype, ac: Optional[_Autocast]) -> Any:
+        if isinstance(x, torch.Tensor):
+            if not _eligible(x) or x.dtype == dtype:
+                return x
+            cacheable = (ac is not None and ac.cache and x.dtype == torch.float32 and x.requires_grad
+                         and x.is_leaf and x._base is None)
+            if cacheable:
+                hit = self.rec.cast_cache.get(id(x))
+                if hit is not None and hit[0] is x:
+                    return hit[1]
+            y = x.to(dtype)
+            if cacheable:
+                self.rec.cast_cache[id(x)] = (x, y)
+            return y
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._cast(v, dtype, ac) for v in x)
+        if isinstance(x, dict):
+            return {k: self._cast(v, dtype, ac) for k, v in x.items()}
+        return x
+
+
+def _backward(rec: "Recorder", tensor, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    # torch.autograd.backward would hand itself to the mode again (which turns the mode off):
+    # its body, from the point where no mode is asked any more.
+    ag = torch.autograd
+    run = getattr(getattr(ag, "graph", None), "_engine_run_backward", None)
+    if run is None or not hasattr(ag, "_make_grads") or not hasattr(ag, "_tensor_or_tensors_to_tuple"):
+        rec.notes.append("this torch's backward internals differ: recomputation in backward ran without "
+                         "autocast emulation")
+        return ag.backward(tensor, gradient, retain_graph, create_graph, inputs=inputs)
+    inputs_tuple = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    with _Redirect(rec):
+        grads = ag._make_grads((tensor,), ag._tensor_or_tensors_to_tuple(gradient, 1), is_grads_batched=False)
+        run((tensor,), grads, create_graph if retain_graph is None else retain_graph, create_graph, inputs_tuple,
+            allow_unreachable=True, accumulate_grad=True)
+
+
+def _eligible(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "meta" and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The fused attention kernel CUDA's dispatcher would choose, on meta tensors."""
+    fused_ok = (not enable_gqa and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.size(-1) <= 256
+                and q.device.type == "meta")
+    if not fused_ok:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
+                                                                  scale=scale)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, needs_grad, dropout_p,
+                                                                  is_causal, scale=scale)[0]
+
+
+class _Track(TorchDispatchMode):
+    def __init__(self, rec: "Recorder") -> None:
+        super().__init__()
+        self.rec = rec
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        rec = self.rec
+        name = func.overloadpacket.__name__
+        if name in _CUBLAS:
+            rec._workspace()
+        elif name in _CUDNN:
+            rec.left_out.setdefault("cudnn", "cuDNN workspaces of convolutions and batch norms "
+                                    "(and the trial workspaces of cudnn.benchmark)")
+        elif name in _SCRATCH:
+            rec.left_out.setdefault("scratch:" + name, f"scratch memory inside {name} kernels")
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                rec._track(t, name)
+        return out
+
+
+class Recorder:
+    """Records CUDA memory of the code run inside ``with Recorder():`` (see the module doc)."""
+
+    def __init__(self, compute_capability: int = 9) -> None:
+        self.builder = TraceBuilder()
+        self.workspace = cublas_workspace_bytes(major=compute_capability)
+        self.left_out: Dict[str, str] = {"nccl": "NCCL buffers and the CUDA context (never in reserved memory)"}
+        self.notes: List[str] = []
+        self.autocast: List[_Autocast] = []
+        self.cast_cache: Dict[int, tuple] = {}
+        self._ws_keys: set = set()
+        self._sizes: Dict[int, int] = {}
+        self._open = False
+        self._undo: List[Any] = []
+
+    # -- recording ---------------------------------------------------------------------------
+    def _workspace(self) -> None:
+        key = "backward" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        if key not in self._ws_keys:
+            self._ws_keys.add(key)
+            self.builder.alloc(("cublas", key), self.workspace, frames=_frame("cuBLAS workspace"))
+
+    def _track(self, t: torch.Tensor, op: str) -> None:
+        s = t.untyped_storage()
+        k, n = s._cdata, s.nbytes()
+        old = self._sizes.get(k)
+        if old == n:
+            return
+        self._sizes[k] = n
+        self.builder.alloc(k, n, frames=_frame("aten." + op))
+        if old is None:
+            weakref.finalize(s, self._dead, k)
+
+    def _dead(self, k: int) -> None:
+        self._sizes.pop(k, None)
+        if self._open:
+            self.builder.free(k)
+
+    # -- patches -----------------------------------------------------------------------------
+    def _patch(self, obj: Any, name: str, value: Any) -> None:
+        self._undo.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def _patch_all(self) -> None:
+        rec = self
+        opt = sys.modules.get("torch.optim.optimizer")
+        if opt is not None and hasattr(opt, "_get_foreach_kernels_supported_devices"):
+            orig = opt._get_foreach_kernels_supported_devices
+            self._patch(opt, "_get_foreach_kernels_supported_devices", lambda: list(orig()) + ["meta"])
+        ac_cls = torch.amp.autocast_mode.autocast
+        init, enter, exit_ = ac_cls.__init__, ac_cls.__enter__, ac_cls.__exit__
+
+        def ac_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            self._cudamem = None
+            if device_type in ("cuda", "meta"):  # meta: what checkpoint's recomputation asks for
+                self._cudamem = _Autocast(dtype or torch.float16, bool(enabled), cache_enabled is not False)
+                self.device, self.fast_dtype, self._enabled = "cuda", dtype or torch.float16, bool(enabled)
+                return
+            init(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+        def ac_enter(self):
+            if getattr(self, "_cudamem", None) is None:
+                return enter(self)
+            rec.autocast.append(self._cudamem)
+            return self
+
+        def ac_exit(self, *exc):
+            if getattr(self, "_cudamem", None) is None:
+                return exit_(self, *exc)
+            if rec.autocast:
+                rec.autocast.pop()
+            if not any(a.enabled for a in rec.autocast):
+                rec.cast_cache.clear()  # torch drops its cast cache when leaving autocast
+            return False
+
+        self._patch(ac_cls, "__init__", ac_init)
+        self._patch(ac_cls, "__enter__", ac_enter)
+        self._patch(ac_cls, "__exit__", ac_exit)
+        self._patch(torch.cuda, "synchronize", lambda device=None: None)
+        # Activation checkpointing saves the autocast state of the tensors' device (meta here)
+        # and recomputes under it: answer for the emulated one.
+        is_enabled, get_dtype, available = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.amp.is_autocast_available
+
+        def ac_enabled(device_type=None):
+            if device_type in ("cuda", "meta"):
+                return bool(rec.autocast) and rec.autocast[-1].enabled
+            return is_enabled() if device_type is None else is_enabled(device_type)
+
+        def ac_dtype(device_type):
+            if device_type in ("cuda", "meta"):
+                return rec.autocast[-1].dtype if rec.autocast else torch.float16
+            return get_dtype(device_type)
+
+        self._patch(torch, "is_autocast_enabled", ac_enabled)
+        self._patch(torch, "get_autocast_dtype", ac_dtype)
+        self._patch(torch.amp, "is_autocast_available", lambda d: d == "meta" or available(d))
+        ac_mod = sys.modules.get("torch.amp.autocast_mode")
+        if ac_mod is not None and getattr(ac_mod, "is_autocast_available", None) is available:
+            self._patch(ac_mod, "is_autocast_available", lambda d: d == "meta" or available(d))
+
+    def __enter__(self) -> "Recorder":
+        if self._open:
+            raise RuntimeError("this recorder is already recording")
+        self._patch_all()
+        self._modes = [_Redirect(self), _Track(self)]
+        try:
+            for m in self._modes:
+                m.__enter__()
+        except BaseException:
+            self._unpatch()
+            raise
+        self._open = True
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        for m in reversed(self._modes):
+            m.__exit__(None, None, None)
+        self._unpatch()
+        self.cast_cache.clear()
+        self._open = False
+        return False
+
+    def _unpatch(self) -> None:
+        while self._undo:
+            obj, name, value = self._undo.pop()
+            setattr(obj, name, value)
+
+    # -- result ------------------------------------------------------------------------------
+    def estimate(self, device_memory: Any = None, policies: Any = ("pytorch", "cudamem"),
+                 config: Optional[str] = None):
+        """The recorded trace replayed (see :func:`cudamem.estimate.estimate`)."""
+        if self._open:
+            raise RuntimeError("estimate() after the recorded block, not inside it")
+        notes = list(self.notes)
+        if self._ws_keys:
+            notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes modelled")
+        return _estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
+
+
+def _frame(name: str) -> list:
+    return [{"name": name, "filename": "<cudamem.estimate>", "line": 0}]

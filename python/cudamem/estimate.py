@@ -1,0 +1,344 @@
+"""Will it fit: a job's GPU memory, predicted without running it on the GPU.
+
+Two ways in:
+
+* :func:`estimate` (also ``cudamem.estimate(fn, ...)``: this module is callable) runs ``fn`` on
+  the CPU with no GPU: every CUDA tensor it makes is a *meta* tensor (shapes and dtypes, no
+  data), and :mod:`cudamem._estimate_torch` records each storage's creation and death in program
+  order into a trace, which is replayed on the simulated GPU with the ``pytorch`` policy (what
+  PyTorch's allocator would reserve) and cudamem's default. ``with recording() as rec:`` does the
+  same for a block of code.
+* :func:`scale` takes real traces of one job at two or three batch sizes
+  (``torch.cuda.memory._dump_snapshot``) and answers for a larger batch and for a GPU: the peak
+  reserved per policy and the largest batch that fits, with how sure it is
+  (``cudamem scale`` on the command line).
+
+This file holds the parts that need no torch: the trace the recorder writes, the cuBLAS
+workspace rule, the result object and its table, and the command line
+(``python -m cudamem.estimate MODULE:FUNCTION``). Guarantees: a recorded trace is a PyTorch
+snapshot dict that every cudamem reader accepts; the estimate names what it leaves out (memory
+only real kernels allocate) instead of silently omitting it; bad arguments raise ``ValueError``
+naming the argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import sys
+import types
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+from . import _cudamem
+
+#: Policies an estimate replays by default: PyTorch's allocator, then cudamem's default.
+DEFAULT_POLICIES = ("pytorch", "cudamem")
+
+
+def capacity_bytes(capacity: Any, name: str = "device_memory") -> int:
+    """Bytes of a capacity given as an int, a size string (``"24GiB"``) or a GPU name
+    (``"h100-80gb"``, ``"a100-40gb"``, ``"h200"``)."""
+    if isinstance(capacity, bool):
+        raise ValueError(f"{name}: expected a size, got {capacity!r}")
+    if isinstance(capacity, int):
+        if capacity <= 0:
+            raise ValueError(f"{name}: a capacity must be positive, got {capacity}")
+        return capacity
+    if isinstance(capacity, str):
+        try:
+            return _cudamem._estimate_capacity(capacity)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    raise ValueError(f"{name}: expected bytes, a size string or a GPU name, got {type(capacity).__name__}")
+
+
+def human(n: float) -> str:
+    """Bytes in binary units, as cudamem's CLI prints them."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    v, i = float(n), 0
+    while v >= 1024 and i < len(units) - 1:
+        v, i = v / 1024, i + 1
+    return f"{int(v)} {units[i]}" if i == 0 else f"{v:.2f} {units[i]}"
+
+
+def cublas_workspace_bytes(config: Optional[str] = None, major: int = 9) -> int:
+    """The cuBLAS workspace torch allocates per (handle, stream) at its first matrix product:
+    from ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE_KIB:COUNT`` pairs), else torch's default for the
+    compute capability ``major`` (32 MiB from Hopper on, 8 MiB + 128 KiB before)."""
+    if config is None:
+        config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        parts = config.split(":")
+        if parts[0] != "" or len(parts) % 2 != 1:
+            raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: expected ':SIZE_KIB:COUNT[:SIZE_KIB:COUNT...]'")
+        try:
+            nums = [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: sizes and counts are integers") from None
+        return sum(nums[i] * 1024 * nums[i + 1] for i in range(0, len(nums), 2))
+    return 4096 * 1024 * 8 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+class TraceBuilder:
+    """Allocation events in program order, written as a PyTorch memory snapshot.
+
+    ``alloc(key, size)`` and ``free(key)`` take any hashable key (the recorder uses a storage's
+    identity); each live allocation gets an address of its own, so a key reused after its free
+    is a new allocation. Frees are immediate (``free_requested`` then ``free_completed``): no
+    kernel runs, so no stream can still be using the memory."""
+
+    def __init__(self, device: int = 0) -> None:
+        self.device = device
+        self.events: List[dict] = []
+        self._live: Dict[Any, tuple] = {}
+        self._next = 0x7F0000000000
+        self.peak_live = 0
+        self._live_bytes = 0
+
+    def alloc(self, key: Any, size: int, stream: int = 0, frames: Optional[list] = None) -> None:
+        if size <= 0:
+            return  # PyTorch's allocator hands out no memory (and records nothing) for 0 bytes
+        if key in self._live:
+            self.free(key)
+        addr = self._next
+        self._next += (size + 511) // 512 * 512 + 512
+        self._live[key] = (addr, size, stream)
+        self._live_bytes += size
+        self.peak_live = max(self.peak_live, self._live_bytes)
+        self._event("alloc", addr, size, stream, frames)
+
+    def free(self, key: Any) -> None:
+        got = self._live.pop(key, None)
+        if got is None:
+            return
+        addr, size, stream = got
+        self._live_bytes -= size
+        self._event("free_requested", addr, size, stream)
+        self._event("free_completed", addr, size, stream)
+
+    def live(self, key: Any) -> bool:
+        return key in self._live
+
+    def _event(self, action: str, addr: int, size: int, stream: int, frames: Optional[list] = None) -> None:
+        self.events.append(
+            {"action": action, "addr": addr, "size": size, "stream": stream,
+             "time_us": len(self.events), "frames": frames or []}
+        )
+
+    def snapshot(self) -> dict:
+        """The events as ``torch.cuda.memory._snapshot()`` lays them out (no segments: the
+        replay decides those)."""
+        traces: List[list] = [[] for _ in range(self.device + 1)]
+        traces[self.device] = list(self.events)
+        return {"segments": [], "device_traces": traces}
+
+    def pickle(self) -> bytes:
+        return pickle.dumps(self.snapshot(), protocol=4)
+
+
+class Estimate:
+    """What a GPU-free estimate found: per policy, the peak reserved (and whether it fits
+    ``device_memory``), the peak of live tensor bytes, and what the estimate leaves out."""
+
+    def __init__(self, rows: List[dict], peak_live: int, left_out: List[str], notes: List[str],
+                 trace: dict, device_memory: Optional[int]) -> None:
+        self.rows = rows
+        self.peak_requested = peak_live
+        self.left_out = left_out
+        self.notes = notes
+        self.trace = trace
+        self.device_memory = device_memory
+
+    @property
+    def peak_reserved(self) -> Dict[str, int]:
+        """Peak reserved bytes by policy."""
+        return {r["policy"]: r["peak_reserved_bytes"] for r in self.rows}
+
+    def fits(self, policy: str = "pytorch") -> Optional[bool]:
+        """Whether the job fits ``device_memory`` with ``policy`` (None: no memory given)."""
+        for r in self.rows:
+            if r["policy"] == policy:
+                return None if self.device_memory is None else r["ooms"] == 0
+        raise ValueError(f"policy {policy!r} was not estimated (estimated: {[r['policy'] for r in self.rows]})")
+
+    def save(self, path: str) -> str:
+        """Writes the recorded trace as a snapshot pickle (for ``cudamem replay``/``why``/``viz``)."""
+        with open(path, "wb") as f:
+            pickle.dump(self.trace, f, protocol=4)
+        return path
+
+    def as_dict(self) -> dict:
+        return {"policies": self.rows, "peak_requested_bytes": self.peak_requested,
+                "device_memory_bytes": self.device_memory, "left_out": self.left_out, "notes": self.notes}
+
+    def __str__(self) -> str:
+        lines = [f"{'policy':<20} {'peak reserved':>14} {'peak requested':>15}" +
+                 ("   fits" if self.device_memory is not None else "")]
+        for r in self.rows:
+            fit = ""
+            if self.device_memory is not None:
+                fit = "   yes" if r["ooms"] == 0 else f"   no ({r['ooms']} allocations fail)"
+            lines.append(f"{r['policy']:<20} {human(r['peak_reserved_bytes']):>14} "
+                         f"{human(r['peak_requested_bytes']):>15}{fit}")
+        if self.device_memory is not None:
+            lines.append(f"on a GPU of {human(self.device_memory)}")
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        for n in self.left_out:
+            lines.append(f"not counted: {n}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def replay(trace: Any, policies: Sequence[str] = DEFAULT_POLICIES, capacity: Any = "h200",
+           config: Optional[str] = None) -> List[dict]:
+    """A snapshot (dict, bytes or path) replayed with each policy on a simulated GPU."""
+    from . import _trace_bytes
+
+    data, source = _trace_bytes(trace)
+    pols = _policies(policies)
+    return json.loads(_cudamem._estimate_replay(data, source, pols, capacity_bytes(capacity, "capacity"), config))
+
+
+def _policies(policies: Any) -> List[str]:
+    if isinstance(policies, str):
+        policies = [p.strip() for p in policies.split(",") if p.strip()]
+    pols = list(policies)
+    if not pols or not all(isinstance(p, str) for p in pols):
+        raise ValueError(f"policies: expected policy names, got {policies!r}")
+    return pols
+
+
+def scale(traces: Sequence[Any], batches: Sequence[int], at: Optional[int] = None,
+          capacity: Any = None, policies: Sequence[str] = ("pytorch", "pytorch-expandable", "cudamem"),
+          config: Optional[str] = None, degree: int = 1, limit: int = 1 << 20) -> dict:
+    """Traces of one job at ``batches`` scaled to batch ``at`` and searched for the largest batch
+    that fits ``capacity``: ``cudamem scale --json``'s object plus a ``headline``."""
+    from . import _trace_bytes
+
+    if len(traces) != len(batches):
+        raise ValueError(f"{len(traces)} traces but {len(batches)} batch sizes: give one batch size per trace")
+    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        raise ValueError(f"batches: positive integers, got {list(batches)!r}")
+    if at is not None and (not isinstance(at, int) or at < 1):
+        raise ValueError(f"at: a positive batch size, got {at!r}")
+    data = [_trace_bytes(t) for t in traces]
+    cap = None if capacity is None else capacity_bytes(capacity, "capacity")
+    out = json.loads(_cudamem._estimate_scale(data, list(batches), at, cap, _policies(policies), config,
+                                              degree, limit))
+    out["headline"] = headline(out)
+    return out
+
+
+def headline(result: dict) -> str:
+    """The one-line answer of a :func:`scale` result, for the first policy."""
+    parts = []
+    if result.get("at"):
+        p = result["at"][0]
+        parts.append(f"at batch {p['batch']} this job needs {human(p['peak_reserved_bytes'])} reserved")
+    if result.get("largest"):
+        lg = result["largest"][0]
+        if lg["largest_batch"] is None:
+            parts.append(f"not even batch 1 fits {human(lg['capacity_bytes'])}")
+        else:
+            parts.append(f"{lg['largest_batch']} fits with {human(lg['spare_bytes'])} to spare")
+    pol = (result.get("at") or result.get("largest") or [{"policy": ""}])[0]["policy"]
+    return "; ".join(parts) + f" ({pol})"
+
+
+def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequence[str] = DEFAULT_POLICIES,
+             config: Optional[str] = None, compute_capability: int = 9, **kwargs: Any) -> Estimate:
+    """Runs ``fn(*args, **kwargs)`` on the CPU with no GPU (CUDA tensors become meta tensors)
+    and estimates the peak memory PyTorch would reserve for it, per policy. ``fn`` should build
+    its model and run its steps itself (what is allocated before it is not seen), and must not
+    read tensor values (``.item()``, data-dependent shapes): there are none. ``device_memory``
+    (bytes, ``"24GiB"`` or a GPU name) also says whether it fits; ``compute_capability`` is the
+    GPU's major version, for the cuBLAS workspace size."""
+    with recording(compute_capability=compute_capability) as rec:
+        fn(*args, **kwargs)
+    return rec.estimate(device_memory=device_memory, policies=policies, config=config)
+
+
+@contextlib.contextmanager
+def recording(compute_capability: int = 9) -> Iterator[Any]:
+    """``with recording() as rec:`` records the block as :func:`estimate` records ``fn``; then
+    ``rec.estimate(device_memory=...)``."""
+    try:
+        from . import _estimate_torch
+    except ImportError as e:  # torch missing or too old
+        raise RuntimeError(f"cudamem.estimate needs torch: {e}") from None
+    rec = _estimate_torch.Recorder(compute_capability=compute_capability)
+    with rec:
+        yield rec
+
+
+def _estimate_from(builder: TraceBuilder, left_out: List[str], notes: List[str], device_memory: Any,
+                   policies: Sequence[str], config: Optional[str]) -> Estimate:
+    """The replay half of an estimate (the recorder calls it with what it recorded)."""
+    cap = None if device_memory is None else capacity_bytes(device_memory)
+    snap = builder.snapshot()
+    if not builder.events:
+        raise ValueError("the recorded code allocated no CUDA memory: nothing to estimate")
+    rows = replay(snap, _policies(policies), cap if cap is not None else "h200", config)
+    return Estimate(rows, builder.peak_live, left_out, notes, snap, cap)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m cudamem.estimate MODULE:FUNCTION [--device-memory 24GiB] [--policy a,b]
+    [--save trace.pickle] [--json]``: the GPU-free estimate of a function taking no arguments."""
+    import argparse
+    import importlib
+
+    ap = argparse.ArgumentParser(prog="python -m cudamem.estimate", description=main.__doc__)
+    ap.add_argument("target", help="MODULE:FUNCTION (or path/to/file.py:FUNCTION), called with no arguments")
+    ap.add_argument("--device-memory", help="a size (24GiB) or a GPU name (h100-80gb, a100-40gb, h200)")
+    ap.add_argument("--policy", default=",".join(DEFAULT_POLICIES), help="comma-separated policies")
+    ap.add_argument("--compute-capability", type=int, default=9, help="the GPU's major version (cuBLAS workspace)")
+    ap.add_argument("--save", help="write the recorded trace (a snapshot pickle) here")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    a = ap.parse_args(argv)
+    mod_name, sep, fn_name = a.target.rpartition(":")
+    if not sep or not mod_name or not fn_name:
+        ap.error(f"target {a.target!r}: expected MODULE:FUNCTION")
+    try:
+        if mod_name.endswith(".py"):
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("_cudamem_estimate_target", mod_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {mod_name}")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(mod_name)
+        fn = getattr(mod, fn_name)
+    except (ImportError, AttributeError, OSError) as e:
+        print(f"cudamem.estimate: {a.target}: {e}", file=sys.stderr)
+        return 2
+    try:
+        est = estimate(fn, device_memory=a.device_memory, policies=a.policy,
+                       compute_capability=a.compute_capability)
+    except (ValueError, RuntimeError) as e:
+        print(f"cudamem.estimate: {e}", file=sys.stderr)
+        return 2
+    if a.save:
+        est.save(a.save)
+    print(json.dumps(est.as_dict()) if a.json else est)
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``cudamem.estimate(fn, ...)`` call :func:`estimate` while ``cudamem.estimate.scale``
+    and the rest stay reachable as module attributes."""
+
+    def __call__(self, fn: Callable, *args: Any, **kwargs: Any) -> Estimate:
+        return estimate(fn, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""cudamem.estimate: the trace the recorder writes, the scaling prediction, the error messages
+(no torch needed), and the GPU-free recorder itself when torch is importable (skipped with the
+reason otherwise)."""
+
+import importlib.util
+import pickle
+
+import pytest
+
+import cudamem
+import cudamem.estimate as est
+
+MIB = 1 << 20
+HAVE_TORCH = importlib.util.find_spec("torch") is not None and "fake_torch" not in str(
+    importlib.util.find_spec("torch").origin or "")
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed: the recorder's torch tests skip")
+
+
+def job(batch, steps=2):
+    """A training-like trace at `batch`: constant weights, activations growing with the batch."""
+    b = est.TraceBuilder()
+    for w in range(4):
+        b.alloc(("w", w), 30 * MIB + 512 * w)
+    for s in range(steps):
+        for layer in range(5):
+            b.alloc(("a", s, layer), batch * (3 + layer) * MIB)
+            b.alloc(("ws", s, layer), 8 * MIB)
+            b.free(("ws", s, layer))
+        for layer in reversed(range(5)):
+            b.free(("a", s, layer))
+    return b
+
+
+def test_cublas_workspace_follows_the_config_and_the_architecture():
+    assert est.cublas_workspace_bytes(":4096:8") == 32 * MIB
+    assert est.cublas_workspace_bytes(":4096:2:16:8") == 8 * MIB + 128 * 1024
+    assert est.cublas_workspace_bytes("", major=9) == 32 * MIB
+    assert est.cublas_workspace_bytes("", major=8) == 8 * MIB + 128 * 1024
+    for bad in ("4096:8", ":4096", ":a:b"):
+        with pytest.raises(ValueError, match="CUBLAS_WORKSPACE_CONFIG"):
+            est.cublas_workspace_bytes(bad)
+
+
+def test_capacities_by_size_or_name_and_their_errors():
+    assert est.capacity_bytes("24GiB") == 24 << 30
+    assert est.capacity_bytes("h200") == 150_109_880_320
+    assert est.capacity_bytes(1 << 30) == 1 << 30
+    with pytest.raises(ValueError, match="device_memory.*known GPUs"):
+        est.capacity_bytes("h300")
+    with pytest.raises(ValueError, match="positive"):
+        est.capacity_bytes(0)
+    with pytest.raises(ValueError, match="expected"):
+        est.capacity_bytes(2.5)
+
+
+def test_builder_writes_a_snapshot_the_replay_reads():
+    b = est.TraceBuilder()
+    b.alloc("x", 5 * MIB)
+    b.alloc("zero", 0)  # nothing: PyTorch records no allocation of 0 bytes
+    b.free("x")
+    b.free("never")
+    snap = b.snapshot()
+    assert [e["action"] for e in snap["device_traces"][0]] == ["alloc", "free_requested", "free_completed"]
+    assert b.peak_live == 5 * MIB
+    # PyTorch's allocator serves 1-10 MiB requests from a 20 MiB segment.
+    rows = {r["policy"]: r for r in est.replay(snap, ["pytorch", "cudamem"])}
+    assert rows["pytorch"]["peak_reserved_bytes"] == 20 * MIB
+    assert rows["cudamem"]["peak_reserved_bytes"] < 20 * MIB
+    assert pickle.loads(b.pickle()) == snap
+
+
+def test_estimate_result_reports_fit_and_what_it_leaves_out():
+    e = est._estimate_from(job(4), ["cuDNN workspaces"], ["a note"], "1GiB", ["pytorch", "cudamem"], None)
+    assert set(e.peak_reserved) == {"pytorch", "cudamem"}
+    assert e.peak_requested == 4 * 30 * MIB + (0 + 1 + 2 + 3) * 512 + 4 * 25 * MIB + 8 * MIB
+    assert e.fits("pytorch") is True
+    text = str(e)
+    assert "not counted: cuDNN workspaces" in text and "note: a note" in text and "on a GPU of 1.00 GiB" in text
+    small = est._estimate_from(job(4), [], [], 128 * MIB, ["pytorch"], None)
+    assert small.fits("pytorch") is False
+    with pytest.raises(ValueError, match="not estimated"):
+        small.fits("cudamem")
+    with pytest.raises(ValueError, match="no CUDA memory"):
+        est._estimate_from(est.TraceBuilder(), [], [], None, ["pytorch"], None)
+
+
+def test_scale_predicts_a_larger_batch_as_its_own_trace_replays():
+    traces = [job(b).snapshot() for b in (2, 4, 8)]
+    r = est.scale(traces, [2, 4, 8], at=32, capacity="4GiB", policies=["pytorch"])
+    q = r["quality"]
+    assert q["exact_alignment"] and q["confidence"] == "high" and q["holdout_error"] == 0.0
+    truth = est.replay(job(32).snapshot(), ["pytorch"])[0]["peak_reserved_bytes"]
+    assert r["at"][0]["peak_reserved_bytes"] == truth
+    lg = r["largest"][0]
+    b = lg["largest_batch"]
+    cap = 4 << 30
+    assert est.replay(job(b).snapshot(), ["pytorch"], cap)[0]["ooms"] == 0
+    assert est.replay(job(b + 1).snapshot(), ["pytorch"], cap)[0]["ooms"] > 0
+    assert r["headline"].startswith(f"at batch 32 this job needs ") and f"; {b} fits with" in r["headline"]
+
+
+def test_scale_errors_name_the_problem():
+    t = job(2).snapshot()
+    with pytest.raises(ValueError, match="one batch size per trace"):
+        est.scale([t, t], [2])
+    with pytest.raises(ValueError, match="positive integers"):
+        est.scale([t, t], [0, 2], at=4)
+    with pytest.raises(ValueError, match="nothing to predict"):
+        est.scale([t, job(4).snapshot()], [2, 4])
+    with pytest.raises(ValueError, match="a batch size of its own"):
+        est.scale([t, t], [2, 2], at=4)
+    with pytest.raises(ValueError, match="policies"):
+        est.scale([t, t], [2, 4], at=4, policies=[])
+
+
+def test_the_module_is_callable_and_needs_torch_only_to_record():
+    assert callable(cudamem.estimate) and cudamem.estimate is est
+    if not HAVE_TORCH:
+        with pytest.raises(RuntimeError, match="needs torch"):
+            cudamem.estimate(lambda: None)
+
+
+# --- with torch ---------------------------------------------------------------------------------
+
+
+@needs_torch
+def test_recorder_sees_allocations_frees_and_saved_tensors():
+    import torch
+
+    def step():
+        lin = torch.nn.Linear(256, 256).cuda()
+        x = torch.randn(64, 256, device="cuda")
+        y = torch.sigmoid(lin(x))  # sigmoid saves its output for backward
+        y.sum().backward()
+        return lin
+
+    e = est.estimate(step, policies=["pytorch"])
+    events = e.trace["device_traces"][0]
+    sizes = [ev["size"] for ev in events if ev["action"] == "alloc"]
+    assert 256 * 256 * 4 in sizes and 64 * 256 * 4 in sizes
+    names = [ev["frames"][0]["name"] for ev in events if ev["action"] == "alloc"]
+    # Forward and backward each get a cuBLAS workspace, as torch's per-thread handles do.
+    assert names.count("cuBLAS workspace") == 2
+    frees = sum(ev["action"] == "free_requested" for ev in events)
+    assert 0 < frees < len(sizes)
+    assert e.peak_reserved["pytorch"] >= e.peak_requested > 0
+
+
+@needs_torch
+def test_recorder_emulates_cuda_autocast_and_fused_attention():
+    import torch
+    import torch.nn.functional as F
+
+    seen = {}
+
+    def step():
+        lin = torch.nn.Linear(64, 64).cuda()
+        x = torch.randn(8, 64, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = lin(x)
+            h2 = lin(h)
+            q = h2.view(2, 4, 1, 64).expand(2, 4, 16, 64)
+            a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            seen["dtypes"] = (h.dtype, a.dtype, F.softmax(h, -1).dtype)
+            loss = F.cross_entropy(h2, torch.zeros(8, dtype=torch.long, device="cuda"))
+        seen["loss"] = loss.dtype
+        loss.backward()
+
+    e = est.estimate(step, policies=["pytorch"])
+    assert seen["dtypes"] == (torch.bfloat16, torch.bfloat16, torch.float32)
+    assert seen["loss"] == torch.float32
+    # The weight's bf16 copy is made once per autocast region, not once per use.
+    casts = [ev for ev in e.trace["device_traces"][0]
+             if ev["action"] == "alloc" and ev["size"] == 64 * 64 * 2 and ev["frames"][0]["name"] == "aten._to_copy"]
+    assert len(casts) == 1
+    # Patches are undone: autocast("cuda") is torch's own again.
+    assert torch.amp.autocast_mode.autocast.__init__.__name__ == "__init__"
+
+
+@needs_torch
+def test_recorder_errors_and_cleanup():
+    import torch
+
+    def boom():
+        torch.empty(10, device="cuda")
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        est.estimate(boom)
+    assert torch.cuda.synchronize.__name__ == "synchronize"
+    with pytest.raises(ValueError, match="no CUDA memory"):
+        est.estimate(lambda: torch.empty(3))
