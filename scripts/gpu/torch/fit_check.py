@@ -1,0 +1,261 @@
+"""Will it fit, checked on the GPU: cudamem's two predictions of a job's peak reserved memory
+against torch's own, and the predicted largest batch run under a memory cap.
+
+    python3 scripts/gpu/torch/fit_check.py [--out DIR] [--only gpt2,bert] [--jobs 4] [--with-cudamem]
+
+For each workload of fit_models.py (GPT-2 small training, ResNet-50 with cudnn.benchmark,
+variable-length BERT inference, generation with a growing KV cache, activation checkpointing):
+
+1. records real traces at 2-3 small batch sizes (torch.cuda.memory._record_memory_history and
+   _dump_snapshot, from before the model is built), each in a fresh process, and measures
+   torch.cuda.max_memory_reserved() at the check batch in another (native allocator; with
+   --with-cudamem also under cudamem.torch.install());
+2. the GPU-free estimate at the check batch: cudamem.estimate in a process that sees no GPU
+   (CUDA_VISIBLE_DEVICES empty);
+3. the trace-scaling estimate at the check batch, and the largest batch for 24 GiB and 40 GiB
+   (cudamem.estimate.scale, on the simulated GPU);
+4. runs the predicted largest batch and the next one, each in a fresh process under
+   torch.cuda.set_per_process_memory_fraction(capacity / total memory).
+
+Targets: GPU-free estimate within 5% of the measured peak reserved, scaling estimate within 2%,
+the predicted batch runs and the next one fails. Processes of one phase run side by side (--jobs;
+the capped runs need 24+24+40+40 GiB together, which one H200 holds); --jobs 1 runs them one by
+one. Writes fit-check.json and fit-check.md to --out (default: $OUT, else the current folder)
+and prints the table.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GIB = 1 << 30
+CAPACITIES = (("24GiB", 24 * GIB), ("40GiB", 40 * GIB))
+
+
+# --- child processes ---------------------------------------------------------------------------
+
+
+def child(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["run", "estimate"])
+    ap.add_argument("workload")
+    ap.add_argument("batch", type=int)
+    ap.add_argument("--trace")
+    ap.add_argument("--cap", type=int)
+    ap.add_argument("--cudamem", action="store_true")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    if a.cudamem:
+        import cudamem.torch
+
+        cudamem.torch.install()
+    import torch
+    import fit_models
+
+    fn = fit_models.WORKLOADS[a.workload][0]
+    t0 = time.perf_counter()
+    if a.mode == "estimate":
+        import cudamem
+
+        e = cudamem.estimate(fn, a.batch, torch.device("cuda"), policies=["pytorch", "cudamem"])
+        out = e.as_dict()
+        out["seconds"] = time.perf_counter() - t0
+        out["cuda_available"] = torch.cuda.is_available()
+        print("RESULT " + json.dumps(out))
+        return 0
+    if a.cap:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(a.cap / total, 0)
+    if a.trace:
+        torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
+    ok, error = True, None
+    try:
+        fn(a.batch, torch.device("cuda"))
+        torch.cuda.synchronize()
+    except torch.OutOfMemoryError as e:
+        ok, error = False, str(e)[:300]
+    res = {"ok": ok, "error": error, "peak_reserved": torch.cuda.max_memory_reserved(),
+           "peak_allocated": torch.cuda.max_memory_allocated(), "seconds": time.perf_counter() - t0,
+           "num_ooms": torch.cuda.memory_stats().get("num_ooms", 0), "torch": torch.__version__}
+    if a.trace:
+        torch.cuda.memory._dump_snapshot(a.trace)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    print("RESULT " + json.dumps(res))
+    return 0
+
+
+def spawn(args, timeout, env=None):
+    """Runs this script as a child; its RESULT object, or {"error": ...}."""
+    t0 = time.perf_counter()
+    e = dict(os.environ, PYTHONWARNINGS="ignore", CUBLAS_WORKSPACE_CONFIG=os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
+    e.update(env or {})
+    try:
+        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout, env=e)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s", "args": list(map(str, args))}
+    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stdout + r.stderr).strip().splitlines()[-12:]
+        return {"error": f"rc={r.returncode}: " + " | ".join(tail), "args": list(map(str, args))}
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["process_s"] = time.perf_counter() - t0
+    return res
+
+
+# --- the check of one workload -----------------------------------------------------------------
+
+
+def rel(pred, meas):
+    return None if not pred or not meas else (pred - meas) / meas
+
+
+def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
+    import cudamem.estimate as est
+
+    r = {"workload": name, "batches": list(batches), "at": at}
+    traces = [str(tmp / f"{name}-b{b}.pickle") for b in batches]
+    phase1 = [("trace", ["run", name, b, "--trace", t], None) for b, t in zip(batches, traces)]
+    phase1.append(("measured", ["run", name, at], None))
+    if with_cudamem:
+        phase1.append(("measured_cudamem", ["run", name, at, "--cudamem"], None))
+    phase1.append(("gpu_free", ["estimate", name, at], {"CUDA_VISIBLE_DEVICES": ""}))
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        got = list(pool.map(lambda p: (p[0], spawn(p[1], timeout, p[2])), phase1))
+    r["trace_runs"] = [g for k, g in got if k == "trace"]
+    for k, g in got:
+        if k != "trace":
+            r[k] = g
+    meas = r["measured"].get("peak_reserved")
+    gf = r["gpu_free"]
+    if "policies" in gf:
+        gf["pytorch_error"] = rel(gf["policies"][0]["peak_reserved_bytes"], meas)
+    if any("error" in t for t in r["trace_runs"]):
+        r["scale"] = {"error": "a trace run failed"}
+        return r
+    try:
+        s = est.scale(traces, list(batches), at=at, policies=["pytorch", "cudamem"])
+        s["pytorch_error"] = rel(s["at"][0]["peak_reserved_bytes"], meas)
+        r["scale"] = s
+        trials = []
+        for label, cap in CAPACITIES:
+            lg = est.scale(traces, list(batches), capacity=cap, policies=["pytorch"])["largest"][0]
+            r.setdefault("largest", {})[label] = lg
+            if lg["largest_batch"] is not None:
+                b = lg["largest_batch"]
+                trials += [(label, b, cap), (label, b + 1, cap)]
+    except ValueError as e:
+        r["scale"] = {"error": str(e)}
+        return r
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        runs = list(pool.map(lambda t: (t, spawn(["run", name, t[1], "--cap", t[2]], timeout)), trials))
+    for (label, b, _), res in runs:
+        res["batch"] = b
+        r.setdefault("capped", {}).setdefault(label, []).append(res)
+    return r
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def gib(n):
+    return f"{n / GIB:.2f}" if isinstance(n, (int, float)) else "-"
+
+
+def pct(x):
+    return "-" if x is None else f"{100 * x:+.2f}%"
+
+
+def verdict(r):
+    out = {}
+    gf, sc = r.get("gpu_free", {}), r.get("scale", {})
+    out["gpu_free_within_5pct"] = gf.get("pytorch_error") is not None and abs(gf["pytorch_error"]) <= 0.05
+    out["scale_within_2pct"] = sc.get("pytorch_error") is not None and abs(sc["pytorch_error"]) <= 0.02
+    for label, _ in CAPACITIES:
+        runs = r.get("capped", {}).get(label, [])
+        out[f"{label}_batch_fits_next_fails"] = (len(runs) == 2 and runs[0].get("ok") is True
+                                                 and runs[1].get("ok") is False)
+    return out
+
+
+def table(results):
+    rows = ["| workload | batch | measured peak reserved GiB | GPU-free estimate GiB (error) | scaling estimate GiB "
+            "(error) | scaling confidence | 24 GiB: predicted batch / runs / next fails | 40 GiB: predicted batch / "
+            "runs / next fails |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "skipped" in r:
+            rows.append(f"| {r['workload']} | {r.get('at', '')} | skipped: {r['skipped']} | | | | | |")
+            continue
+        meas = r.get("measured", {})
+        gf, sc = r.get("gpu_free", {}), r.get("scale", {})
+        gfs = (f"{gib(gf['policies'][0]['peak_reserved_bytes'])} ({pct(gf.get('pytorch_error'))})"
+               if "policies" in gf else f"error: {gf.get('error', '')[:120]}")
+        scs = (f"{gib(sc['at'][0]['peak_reserved_bytes'])} ({pct(sc.get('pytorch_error'))})"
+               if "at" in sc else f"error: {sc.get('error', '')[:120]}")
+        conf = sc.get("quality", {}).get("confidence", "-")
+        caps = []
+        for label, _ in CAPACITIES:
+            runs = r.get("capped", {}).get(label, [])
+            lg = r.get("largest", {}).get(label, {})
+            if len(runs) == 2:
+                yes = lambda x: "yes" if x.get("ok") else ("no" if "error" not in x or x.get("ok") is False else "error")
+                caps.append(f"{lg.get('largest_batch')} / {yes(runs[0])} / {'yes' if runs[1].get('ok') is False else 'no'}")
+            else:
+                caps.append(str(lg.get("largest_batch", "-")))
+        m = gib(meas.get("peak_reserved")) if "peak_reserved" in meas else f"error: {meas.get('error', '')[:120]}"
+        rows.append(f"| {r['workload']} | {r['at']} | {m} | {gfs} | {scs} | {conf} | {caps[0]} | {caps[1]} |")
+    return "\n".join(rows)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return child(sys.argv[2:])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", default=None, help="comma-separated workloads")
+    ap.add_argument("--jobs", type=int, default=4, help="processes side by side within a phase")
+    ap.add_argument("--with-cudamem", action="store_true", help="also measure under cudamem.torch.install()")
+    ap.add_argument("--budget", type=float, default=450.0, help="seconds; later workloads are skipped past it")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds for one process")
+    a = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    import fit_models
+
+    names = a.only.split(",") if a.only else list(fit_models.WORKLOADS)
+    unknown = [n for n in names if n not in fit_models.WORKLOADS]
+    if unknown:
+        print(f"unknown workloads {unknown}; known: {list(fit_models.WORKLOADS)}", file=sys.stderr)
+        return 2
+    start, results = time.perf_counter(), []
+    with tempfile.TemporaryDirectory(prefix="cudamem-fit-") as tmp:
+        for n in names:
+            _, batches, at = fit_models.WORKLOADS[n]
+            if time.perf_counter() - start > a.budget:
+                results.append({"workload": n, "at": at, "skipped": "out of time budget"})
+                continue
+            t0 = time.perf_counter()
+            r = check(n, batches, at, a.jobs, Path(tmp), a.with_cudamem, a.timeout)
+            r["seconds"] = time.perf_counter() - t0
+            r["verdict"] = verdict(r)
+            results.append(r)
+            print(f"{n}: {r['seconds']:.0f} s, {r['verdict']}", flush=True)
+    md = table(results)
+    print()
+    print(md)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fit-check.json").write_text(json.dumps(results, indent=1))
+    (out / "fit-check.md").write_text(f"# Will it fit: predictions vs torch on the GPU\n\n{md}\n")
+    print(f"\nwrote {out / 'fit-check.json'} and {out / 'fit-check.md'} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
