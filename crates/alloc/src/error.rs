@@ -87,7 +87,8 @@ impl fmt::Display for OutOfMemory {
         if !self.over_one_exabyte {
             write!(
                 f,
-                " [cudamem: requested {}; largest free cached block {}; fragmentation {:.1}% of cached memory]",
+                " [cudamem: requested {}; largest free cached block {}; fragmentation {:.1}% of cached memory; \
+                 the largest batch that fits: cudamem scale or cudamem.estimate, docs/guide/will-it-fit.md]",
                 format_size(self.requested),
                 format_size(self.largest_free_block),
                 100.0 * self.fragmentation()

@@ -127,6 +127,7 @@ pub fn run(cmd: ReportCommand) -> crate::CliResult {
                 return json_out(r.to_json());
             }
             out!("{}", r.to_text(top, 5, 6));
+            outln!("what a larger batch needs, and the largest that fits a GPU: `cudamem scale` (docs/guide/will-it-fit.md)");
             Ok(())
         }
         ReportCommand::Viz {
