@@ -49,7 +49,8 @@ _CUDNN = {"convolution", "cudnn_convolution", "convolution_backward", "cudnn_bat
           "_cudnn_rnn", "cudnn_convolution_transpose"}
 _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",
             "index_put", "_index_put_impl_", "scatter_reduce", "_embedding_bag", "multinomial", "kthvalue",
-            "median", "nll_loss_forward", "_fused_adam", "_fused_adamw"}
+            "median", "nll_loss_forward", "_fused_adam", "_fused_adamw",
+            "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward"}
 
 _LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
         torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,

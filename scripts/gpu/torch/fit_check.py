@@ -127,7 +127,8 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
     if with_cudamem:
         phase1.append(("measured_cudamem", ["run", name, at, "--cudamem"], None))
     phase1.append(("gpu_free", ["estimate", name, at], {"CUDA_VISIBLE_DEVICES": ""}))
-    with ThreadPoolExecutor(max(1, jobs)) as pool:
+    # One more worker than --jobs: the GPU-free estimate runs on the CPU.
+    with ThreadPoolExecutor(max(1, jobs) + 1) as pool:
         got = list(pool.map(lambda p: (p[0], spawn(p[1], timeout, p[2])), phase1))
     r["trace_runs"] = [g for k, g in got if k == "trace"]
     for k, g in got:
@@ -144,6 +145,11 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
         s = est.scale(traces, list(batches), at=at, policies=["pytorch", "cudamem"])
         s["pytorch_error"] = rel(s["at"][0]["peak_reserved_bytes"], meas)
         r["scale"] = s
+        mc = r.get("measured_cudamem", {}).get("peak_reserved")
+        if mc:  # cudamem's own policy, measured through cudamem.torch, against both estimates
+            r["measured_cudamem"]["scale_error"] = rel(s["at"][1]["peak_reserved_bytes"], mc)
+            if "policies" in gf:
+                r["measured_cudamem"]["gpu_free_error"] = rel(gf["policies"][1]["peak_reserved_bytes"], mc)
         trials = []
         for label, cap in CAPACITIES:
             lg = est.scale(traces, list(batches), capacity=cap, policies=["pytorch"])["largest"][0]
