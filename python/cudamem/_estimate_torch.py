@@ -55,11 +55,13 @@ _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum"
 _LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
         torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
         torch.Tensor.baddbmm, torch.addbmm, torch.einsum, torch.mv, torch.conv1d, torch.conv2d, torch.conv3d,
-        torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.prelu,
+        torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.prelu, torch.addmv,
+        torch.addr, torch.chain_matmul,
         F.scaled_dot_product_attention}
 _FP32 = {F.layer_norm, torch.layer_norm, F.group_norm, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
          F.binary_cross_entropy_with_logits, F.kl_div, F.nll_loss, torch.exp, torch.Tensor.exp, torch.log,
-         torch.Tensor.log, torch.rsqrt, torch.Tensor.rsqrt, torch.pow, torch.Tensor.pow, torch.logsumexp,
+         torch.Tensor.log, torch.rsqrt, torch.Tensor.rsqrt, torch.pow, torch.Tensor.pow, torch.Tensor.__pow__,
+         torch.logsumexp,
          F.softplus, torch.cdist, F.cosine_similarity}
 _FP32_DTYPE = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax,
                torch.Tensor.log_softmax, torch.cumsum, torch.Tensor.cumsum, torch.prod, torch.Tensor.prod,

@@ -52,6 +52,7 @@ fn _estimate_scale(
 
 /// The trace (bytes, name) replayed with each policy on a simulated GPU of `capacity` bytes.
 #[pyfunction]
+#[pyo3(signature = (data, source, policies, capacity, config=None))]
 fn _estimate_replay(
     py: Python<'_>,
     data: Vec<u8>,

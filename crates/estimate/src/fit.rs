@@ -115,11 +115,12 @@ fn solve(mut m: Vec<Vec<f64>>) -> Option<Vec<f64>> {
             return None;
         }
         m.swap(col, piv);
-        for r in 0..n {
+        let pivot = m[col].clone();
+        for (r, row) in m.iter_mut().enumerate() {
             if r != col {
-                let f = m[r][col] / m[col][col];
-                for c in col..=n {
-                    m[r][c] -= f * m[col][c];
+                let f = row[col] / pivot[col];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(col) {
+                    *x -= f * p;
                 }
             }
         }

@@ -201,7 +201,7 @@ fn inputs_a_user_can_get_wrong_are_named() {
     let a = job(2, 1, false);
     let b = job(4, 1, false);
     let err = |r: Result<ScaleModel, String>| r.unwrap_err();
-    assert!(err(ScaleModel::learn(&[a.clone()], &[2], 1)).contains("two or more"));
+    assert!(err(ScaleModel::learn(std::slice::from_ref(&a), &[2], 1)).contains("two or more"));
     assert!(err(ScaleModel::learn(&[a.clone(), b.clone()], &[2], 1)).contains("one batch size per trace"));
     assert!(err(ScaleModel::learn(&[a.clone(), b.clone()], &[4, 4], 1)).contains("a batch size of its own"));
     assert!(err(ScaleModel::learn(&[a.clone(), b.clone()], &[0, 4], 1)).contains("start at 1"));
