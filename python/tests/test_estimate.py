@@ -3,7 +3,10 @@
 reason otherwise)."""
 
 import importlib.util
+import json
 import pickle
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +16,11 @@ import cudamem.estimate as est
 MIB = 1 << 20
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and "fake_torch" not in str(
     importlib.util.find_spec("torch").origin or "")
-needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed: the recorder's torch tests skip")
+SKIP_REASON = "torch is not installed: the recorder's torch tests of test_estimate.py skip"
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=SKIP_REASON)
+if not HAVE_TORCH:
+    # Shown in pytest's warnings summary, which -q keeps (skip reasons need -rs).
+    warnings.warn(SKIP_REASON, stacklevel=1)
 
 
 def job(batch, steps=2):
@@ -113,6 +120,24 @@ def test_scale_errors_name_the_problem():
         est.scale([t, t], [2, 4], at=4, policies=[])
 
 
+def test_scale_reads_trace_files(tmp_path):
+    # A shipped H200 trace given as two batch sizes: nothing scales, so every batch needs what
+    # the trace itself does, and the search stops at its limit.
+    path = Path(__file__).resolve().parents[2] / "tests" / "data" / "seed_example.pickle.gz"
+    r = est.scale([str(path), path], [1, 2], at=16, capacity="h200", policies=["pytorch"], limit=64)
+    assert r["quality"]["exact_alignment"] and r["quality"]["scaling"] == 0
+    own = est.replay(str(path), ["pytorch"])[0]["peak_reserved_bytes"]
+    assert r["at"][0]["peak_reserved_bytes"] == own
+    assert r["largest"][0]["largest_batch"] == 64 and r["largest"][0]["limit_reached"]
+
+
+def test_command_line_errors(capsys):
+    assert est.main(["no_such_module_here:fn"]) == 2
+    assert "no_such_module_here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        est.main(["missing-colon"])
+
+
 def test_the_module_is_callable_and_needs_torch_only_to_record():
     assert callable(cudamem.estimate) and cudamem.estimate is est
     if not HAVE_TORCH:
@@ -190,3 +215,22 @@ def test_recorder_errors_and_cleanup():
     assert torch.cuda.synchronize.__name__ == "synchronize"
     with pytest.raises(ValueError, match="no CUDA memory"):
         est.estimate(lambda: torch.empty(3))
+
+
+@needs_torch
+def test_recording_block_command_line_and_saved_trace(tmp_path, capsys):
+    import torch
+
+    with est.recording() as rec:
+        a = torch.empty(3 << 20, dtype=torch.uint8, device="cuda")
+        b = torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
+        del a, b
+    e = rec.estimate(device_memory="1GiB", policies="pytorch")
+    assert e.peak_requested == 8 << 20 and e.fits() is True
+    saved = e.save(str(tmp_path / "t.pickle"))
+    assert est.replay(saved, ["pytorch"])[0]["peak_reserved_bytes"] == e.peak_reserved["pytorch"]
+    script = tmp_path / "job.py"
+    script.write_text("import torch\ndef run():\n    torch.zeros(1 << 20, device='cuda')\n")
+    assert est.main([f"{script}:run", "--device-memory", "24GiB", "--json", "--policy", "pytorch"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"][0]["policy"] == "pytorch" and out["peak_requested_bytes"] == 4 << 20
