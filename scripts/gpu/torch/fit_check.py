@@ -70,6 +70,8 @@ def child(argv):
         out["cuda_available"] = torch.cuda.is_available()
         print("RESULT " + json.dumps(out))
         return 0
+    if os.environ.get("FIT_CHECK_DRY") == "1":
+        return dry_run(a, fn, t0)
     if a.cap:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(a.cap / total, 0)
@@ -88,6 +90,22 @@ def child(argv):
         torch.cuda.memory._dump_snapshot(a.trace)
         torch.cuda.memory._record_memory_history(enabled=None)
     print("RESULT " + json.dumps(res))
+    return 0
+
+
+def dry_run(a, fn, t0):
+    """--dry-run: a GPU run stood in for by the GPU-free recording and its replay, so that the
+    orchestration can be tried on a machine without a GPU (its figures mean nothing)."""
+    import torch
+    import cudamem.estimate as est
+
+    e = est.estimate(fn, a.batch, torch.device("cuda"), policies=["pytorch"], device_memory=a.cap)
+    if a.trace:
+        e.save(a.trace)
+    row = e.rows[0]
+    print("RESULT " + json.dumps({"ok": row["ooms"] == 0, "error": None, "peak_reserved": row["peak_reserved_bytes"],
+                                  "peak_allocated": row["peak_allocated_bytes"], "seconds": time.perf_counter() - t0,
+                                  "num_ooms": row["ooms"], "dry_run": True}))
     return 0
 
 
@@ -138,8 +156,8 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
     gf = r["gpu_free"]
     if "policies" in gf:
         gf["pytorch_error"] = rel(gf["policies"][0]["peak_reserved_bytes"], meas)
-    if any("error" in t for t in r["trace_runs"]):
-        r["scale"] = {"error": "a trace run failed"}
+    if not all(t.get("ok") for t in r["trace_runs"]):
+        r["scale"] = {"error": "a trace run failed: " + "; ".join(str(t.get("error"))[:200] for t in r["trace_runs"])}
         return r
     try:
         s = est.scale(traces, list(batches), at=at, policies=["pytorch", "cudamem"])
@@ -211,11 +229,13 @@ def table(results):
             runs = r.get("capped", {}).get(label, [])
             lg = r.get("largest", {}).get(label, {})
             if len(runs) == 2:
-                yes = lambda x: "yes" if x.get("ok") else ("no" if "error" not in x or x.get("ok") is False else "error")
-                caps.append(f"{lg.get('largest_batch')} / {yes(runs[0])} / {'yes' if runs[1].get('ok') is False else 'no'}")
+                # ok is False for an out-of-memory error; a run that failed otherwise has no ok.
+                word = {True: "yes", False: "no", None: "error"}
+                fits, nxt = runs[0].get("ok"), runs[1].get("ok")
+                caps.append(f"{lg.get('largest_batch')} / {word[fits]} / {word[None if nxt is None else not nxt]}")
             else:
                 caps.append(str(lg.get("largest_batch", "-")))
-        m = gib(meas.get("peak_reserved")) if "peak_reserved" in meas else f"error: {meas.get('error', '')[:120]}"
+        m = gib(meas.get("peak_reserved")) if meas.get("ok") else f"error: {str(meas.get('error'))[:120]}"
         rows.append(f"| {r['workload']} | {r['at']} | {m} | {gfs} | {scs} | {conf} | {caps[0]} | {caps[1]} |")
     return "\n".join(rows)
 
@@ -230,7 +250,11 @@ def main():
     ap.add_argument("--with-cudamem", action="store_true", help="also measure under cudamem.torch.install()")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds; later workloads are skipped past it")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds for one process")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: the GPU runs replaced by recordings on the CPU (tries the script, not the GPU)")
     a = ap.parse_args()
+    if a.dry_run:
+        os.environ["FIT_CHECK_DRY"] = "1"
     sys.path.insert(0, str(HERE))
     import fit_models
 
