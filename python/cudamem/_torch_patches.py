@@ -1,7 +1,7 @@
 """The torch functions that cudamem.torch.install() replaces, and why.
 
-* With the native allocator class, torch's statistics need no patch; its history and snapshot
-  functions go to cudamem's recorder, and run-time settings reach cudamem as well as torch
+* With the native allocator class, torch's statistics, history and snapshot functions need no
+  patch (the class answers them in C++); run-time settings reach cudamem as well as torch
   (:func:`_patch_torch_native`).
 * On the pluggable path, torch's statistics functions raise ("CUDAPluggableAllocator does not
   yet support getDeviceStats"), so they are replaced by cudamem's as well
@@ -110,12 +110,8 @@ _PATCHED_HISTORY = {
 
 
 def _patch_torch_native(torch: Any) -> None:
-    """With the native allocator torch's statistics need no patch; its history and snapshot
-    functions go to cudamem's recorder, and run-time settings reach cudamem as well as torch."""
-    for module in (torch.cuda.memory, torch.cuda):
-        for name, fn in _PATCHED_HISTORY.items():
-            if hasattr(module, name):
-                setattr(module, name, fn)
+    """With the native allocator torch's statistics, history and snapshots need no patch; run-time
+    settings reach cudamem as well as torch."""
     original = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     if original is not None and not getattr(original, "_cudamem", False):
 

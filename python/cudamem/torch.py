@@ -15,8 +15,9 @@ By default :func:`install` compiles cudamem's native allocator class
 and installs it with torch's ``changeCurrentAllocator``. Torch's own code then talks to cudamem
 in C++: statistics, CUDA graphs and their private pools, ``torch.cuda.MemPool``,
 ``torch.compile(mode="reduce-overhead")``, cuDNN autotuning, the profiler's memory view and OOM
-observers work unchanged; only the history and snapshot functions are routed to cudamem's
-recorder. The swap is only possible before PyTorch's own allocator is initialised, i.e. before
+observers work unchanged, and so do the memory history and snapshots
+(``torch.cuda.memory._record_memory_history``, ``_snapshot``, ``_dump_snapshot``: the class
+keeps torch's history with torch's context recorder, so frames are torch's own). The swap is only possible before PyTorch's own allocator is initialised, i.e. before
 CUDA is first used in the process; :func:`install` checks this and says so.
 
 If the class cannot be built (no compiler, no CUDA headers, a torch whose allocator interface
@@ -204,10 +205,11 @@ def install(
             ``torch.compile(mode="reduce-overhead")``, cuDNN autotuning or profiler memory),
             None (default) tries the class first and falls back with a warning.
             ``CUDAMEM_TORCH_NATIVE=0`` means False.
-        record_history: start recording the memory history now, on every device:
-            ``True`` for :func:`cudamem.record_memory_history`'s defaults (every event, Python
-            stacks on allocations and frees), or a dict of its arguments
-            (``{"max_entries": 100000}``).
+        record_history: start recording the memory history now, on every device: ``True``
+            for the defaults (every event, stacks on allocations and frees), or a dict of
+            arguments (``{"max_entries": 100000}``): torch's
+            ``torch.cuda.memory._record_memory_history`` with the native class (which records
+            cudamem's history too), :func:`cudamem.record_memory_history` on the pluggable path.
 
     Raises:
         RuntimeError: CUDA was already used in this process (install() must come first), or
@@ -324,11 +326,18 @@ def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     if record_history is None or record_history is False:
         return
     if record_history is True:
-        cudamem.record_memory_history()
+        kwargs: Dict[str, Any] = {}
     elif isinstance(record_history, dict):
-        cudamem.record_memory_history(**record_history)
+        kwargs = dict(record_history)
     else:
         raise ValueError(f"record_history must be a bool or a dict of record_memory_history's arguments, got {record_history!r}")
+    if _state.get("mode") == "native":
+        import torch
+
+        # Torch's own history (the native class keeps it; cudamem's records as well).
+        torch.cuda.memory._record_memory_history(**kwargs)
+    else:
+        cudamem.record_memory_history(**kwargs)
 
 
 # torch.cuda's functions that cudamem answers (see cudamem._torch_patches).

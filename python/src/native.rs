@@ -30,7 +30,7 @@ use crate::registry;
 use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 5;
+pub const NATIVE_API_VERSION: u32 = 6;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -93,8 +93,9 @@ pub struct NativeApi {
     pub ipc_open: unsafe extern "C" fn(c_int, *const u8, usize, *mut u64, *mut c_int) -> c_int,
     /// `(device, ptr, opened) -> kind`: the deleter of what `ipc_open` returned.
     pub ipc_close: extern "C" fn(c_int, u64, c_int) -> c_int,
-    /// `(ctx, hook) -> kind`: segment changes to torch's trace trackers (see [`crate::trackers`]).
-    pub set_segment_hook: unsafe extern "C" fn(*mut c_void, trackers::SegmentHook) -> c_int,
+    /// `(ctx, hook or NULL) -> kind`: every event to the class's trackers and torch history
+    /// (see [`crate::trackers`]).
+    pub set_trace_hook: unsafe extern "C" fn(*mut c_void, Option<trackers::TraceHook>) -> c_int,
 }
 
 /// One segment of a snapshot, as c10's `SegmentInfo` wants it.
@@ -159,7 +160,7 @@ static API: NativeApi = NativeApi {
     ipc_share: ipc::nat_ipc_share,
     ipc_open: ipc::nat_ipc_open,
     ipc_close: ipc::nat_ipc_close,
-    set_segment_hook: trackers::nat_set_segment_hook,
+    set_trace_hook: trackers::nat_set_trace_hook,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.

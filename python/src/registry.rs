@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudamem_alloc::engine::SegmentObserver;
+use cudamem_alloc::engine::TraceObserver;
 use cudamem_alloc::size::parse_size;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
@@ -129,7 +129,7 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     // allocators created later too; under CREATE, so that no setting is missed.
     crate::history::on_new_allocator(device, &alloc);
     if let Some(o) = lock_observer().clone() {
-        alloc.lock().set_segment_observer(Some(o));
+        alloc.lock().set_trace_observer(Some(o));
     }
     let _ = SLOTS[i].set(Entry { alloc, policy });
     if CREATED.load(Ordering::Relaxed) == 0 {
@@ -139,21 +139,21 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
     Ok(&SLOTS[i].get().expect("slot was just set").alloc)
 }
 
-/// The observer of every allocator's segment changes, existing and future (torch's trace
-/// trackers, see `crate::trackers`).
-static SEGMENT_OBSERVER: Mutex<Option<SegmentObserver>> = Mutex::new(None);
+/// The observer of every allocator's events, existing and future (torch's trace trackers and
+/// torch's own history, see `crate::trackers`).
+static TRACE_OBSERVER: Mutex<Option<TraceObserver>> = Mutex::new(None);
 
-fn lock_observer() -> std::sync::MutexGuard<'static, Option<SegmentObserver>> {
-    SEGMENT_OBSERVER.lock().unwrap_or_else(|e| e.into_inner())
+fn lock_observer() -> std::sync::MutexGuard<'static, Option<TraceObserver>> {
+    TRACE_OBSERVER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Makes `observer` hear the segment changes of every allocator, those that exist and those
-/// created later.
-pub fn set_segment_observer(observer: SegmentObserver) {
+/// Makes `observer` (or, with `None`, nobody) hear the events of every allocator, those that
+/// exist and those created later.
+pub fn set_trace_observer(observer: Option<TraceObserver>) {
     let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
-    *lock_observer() = Some(observer.clone());
+    *lock_observer() = observer.clone();
     for (_, a) in existing() {
-        a.lock().set_segment_observer(Some(observer.clone()));
+        a.lock().set_trace_observer(observer.clone());
     }
 }
 

@@ -46,10 +46,17 @@ fn exported_mappings_import_to_the_same_bytes() {
     let imported = d.import_mappings(std::process::id() as i32, &parts).unwrap();
     assert_ne!(imported, base);
     let mut back = vec![0u8; (4 * g) as usize];
-    // The imported range is not this device's own memory: read it with a raw copy.
-    // SAFETY: `[imported, +4g)` was just mapped readable for this device; `back` holds 4g bytes.
-    let r =
-        unsafe { cudamem_cuda::cudarc::driver::sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), imported, back.len()) };
+    // The imported range is not this device's own memory: read it with a raw copy, in the
+    // device's context.
+    let r = d
+        .with_current(|| {
+            // SAFETY: `[imported, +4g)` was just mapped readable for this device; `back` holds 4g
+            // bytes; the device's context is current in this closure.
+            unsafe {
+                cudamem_cuda::cudarc::driver::sys::cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), imported, back.len())
+            }
+        })
+        .unwrap();
     cudamem_cuda::check(r, "cuMemcpyDtoH").unwrap();
     assert!(back == bytes, "the imported range holds the exported bytes");
 

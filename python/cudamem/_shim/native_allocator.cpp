@@ -33,13 +33,16 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "native_api.h"
+#include "native_history.h"
 #include "native_ipc.h"
 
 namespace {
@@ -77,11 +80,24 @@ c10::Device cuda_device(int device) {
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
 }
 
+// What raw_free needs of the allocator object (set once, when it is installed).
+std::atomic<bool> g_history_on{false};
+cudamem_history::History* g_history = nullptr;
+
+// The context of a free's events (context "all"), when torch's history is recorded.
+cudamem_history::Ctx free_context() {
+  if (!g_history_on.load(std::memory_order_relaxed) || g_history == nullptr) {
+    return nullptr;
+  }
+  return g_history->gather(CCA::RecordContext::ALL);
+}
+
 // The deleter of every DataPtr cudamem hands out (and raw_deleter()).
 void raw_free(void* ptr) {
   if (ptr == nullptr) {
     return;
   }
+  cudamem_history::Scope scope(free_context());
   const bool profiling = c10::memoryProfilingEnabled();
   uint64_t info[4] = {profiling ? 1u : 0u, 0, 0, 0};
   int kind = g_api->free(ptr, info);
@@ -109,7 +125,9 @@ struct CudamemPoolState : CCA::AllocatorState {
 struct SnapshotSink {
   std::vector<CCA::SegmentInfo>* segments;
   MempoolId_t only;  // {0, 0}: every pool
+  cudamem_history::History* history = nullptr;
   bool keep_current = false;
+  uint64_t next_block = 0;  // the address of the segment's next block
 };
 
 void on_segment(void* ctx, const SegmentRecord* r) {
@@ -130,6 +148,10 @@ void on_segment(void* ctx, const SegmentRecord* r) {
   seg.is_large = r->is_large != 0;
   seg.is_expandable = r->is_expandable != 0;
   seg.owner_private_pool_id = pool;
+  if (s->history != nullptr) {
+    seg.context_when_allocated = s->history->segment_context(r->address);
+  }
+  s->next_block = r->address;
   s->segments->push_back(std::move(seg));
 }
 
@@ -143,6 +165,10 @@ void on_block(void* ctx, const BlockRecord* r) {
   b.requested_size = r->requested_size;
   b.allocated = r->allocated != 0;
   b.active = r->active != 0;
+  if (s->history != nullptr && b.active) {
+    b.context_when_allocated = s->history->block_context(s->next_block);
+  }
+  s->next_block += r->size;
   s->segments->back().blocks.push_back(std::move(b));
 }
 
@@ -209,7 +235,10 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
 
   void raw_delete(void* ptr) override { raw_free(ptr); }
 
-  void emptyCache(MempoolId_t mempool_id) override { check(g_api->empty_cache(mempool_id.first, mempool_id.second)); }
+  void emptyCache(MempoolId_t mempool_id) override {
+    cudamem_history::Scope scope(free_context());  // the stack of its segment frees
+    check(g_api->empty_cache(mempool_id.first, mempool_id.second));
+  }
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     // Empty tensors and memory that is not cudamem's (from_blob) have nothing to record.
@@ -284,12 +313,31 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return base;
   }
 
-  // The segments and blocks (no traces: torch.cuda.memory._snapshot(), which cudamem serves,
-  // has them with their stacks).
-  CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool) override {
+  // The engine's segments and blocks, with the contexts and traces of torch's history.
+  CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
     CCA::SnapshotInfo info;
-    SnapshotSink sink{&info.segments, mempool_id};
+    SnapshotSink sink{&info.segments, mempool_id, &history_};
     check(g_api->snapshot(&sink, &on_segment, &on_block));
+    uint64_t active = 0;
+    for (const auto& seg : info.segments) {
+      active += seg.active_size;
+    }
+    if (include_traces) {
+      history_.fill(info, c10::cuda::device_count(), active);
+    }
+    auto& md = info.config_metadata;
+    md.garbage_collection_threshold = 0.0;
+    md.max_split_size = std::numeric_limits<size_t>::max();
+    md.pinned_num_register_threads = 1;
+    md.expandable_segments = false;
+    md.release_lock_on_malloc = false;
+    md.pinned_use_host_register = false;
+    md.graph_capture_record_stream_reuse = false;
+    const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    md.last_allocator_settings = conf != nullptr ? conf : "";
+    for (const auto& seg : info.segments) {
+      md.expandable_segments = md.expandable_segments || seg.is_expandable;
+    }
     return info;
   }
 
@@ -367,39 +415,44 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return ipc_.get(g_api, &check, handle, device);
   }
 
-  bool isHistoryEnabled() override { return g_api->history_enabled() != 0; }
+  bool isHistoryEnabled() override { return g_history_on.load() || g_api->history_enabled() != 0; }
 
-  // cudamem records the history itself, with Python stacks it gathers (torch's context
-  // recorder and skip_actions are not used); torch.cuda.memory._snapshot() reads it.
+  // Torch's history is kept here, in torch's TraceEntry with torch's recorder (see
+  // native_history.h); cudamem's own history (cudamem.snapshot(), the viewer) records too.
   void recordHistory(
       bool enabled,
-      CCA::CreateContextFn,
+      CCA::CreateContextFn context_recorder,
       size_t alloc_trace_max_entries,
       CCA::RecordContext when,
       bool clearHistory,
-      const std::vector<std::string>&) override {
+      const std::vector<std::string>& skip_actions) override {
+    history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
+    g_history_on.store(enabled && when != CCA::RecordContext::NEVER);
+    update_hook();
     check(g_api->record_history(
         enabled ? 1 : 0, static_cast<int>(when), static_cast<uint64_t>(alloc_trace_max_entries), clearHistory ? 1 : 0));
   }
+
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override { history_.annotate(md); }
+  void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
+  void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  std::string getUserMetadata() override { return history_.user_metadata(); }
 
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(mutex_);
     oom_observers_.push_back(std::move(observer));
   }
 
-  // Trackers hear every segment change (ProcessGroupNCCL registers segments with them). The
-  // first one installs the hook that every allocator's segment observer calls, under the
-  // engine's lock, as torch calls its trackers under its allocator's mutex.
+  // Trackers hear every event of the engine (ProcessGroupNCCL registers segments with them), as
+  // torch calls its trackers under its allocator's mutex (see update_hook).
   void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override {
-    bool first = false;
     {
       std::lock_guard<std::mutex> g(trackers_mutex_);
-      first = trace_trackers_.empty();
       trace_trackers_.push_back(std::move(tracker));
+      n_trackers_.fetch_add(1);
     }
-    if (first) {
-      check(g_api->set_segment_hook(this, &CudamemAllocator::on_segment_change));
-    }
+    update_hook();
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
@@ -472,11 +525,29 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return -1;
   }
 
-  static void on_segment_change(void* self, int device, int action, uint64_t addr, uint64_t size, uint64_t stream) {
+  // The engine's events go to the trackers and torch's history while either listens; with
+  // neither the hook is removed and the engine pays nothing.
+  void update_hook() {
+    bool want = n_trackers_.load() > 0 || g_history_on.load();
+    std::lock_guard<std::mutex> g(hook_mutex_);
+    if (want != hooked_) {
+      check(g_api->set_trace_hook(this, want ? &CudamemAllocator::on_event : nullptr));
+      hooked_ = want;
+    }
+  }
+
+  static void on_event(void* self, int device, int action, uint64_t addr, uint64_t size, uint64_t stream) {
     auto* a = static_cast<CudamemAllocator*>(self);
+    auto act = static_cast<CCA::TraceEntry::Action>(action);
+    if (g_history_on.load(std::memory_order_relaxed)) {
+      a->history_.on_event(act, device, addr, size, stream);
+    }
+    if (a->n_trackers_.load(std::memory_order_relaxed) == 0) {
+      return;
+    }
     CCA::TraceEntry te(
-        static_cast<CCA::TraceEntry::Action>(action), static_cast<c10::DeviceIndex>(device), addr, size,
-        reinterpret_cast<void*>(stream), MempoolId_t{0, 0}, c10::getApproximateTime());
+        act, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream), MempoolId_t{0, 0},
+        c10::getApproximateTime(), cudamem_history::call_context());
     std::lock_guard<std::mutex> g(a->trackers_mutex_);
     for (auto& t : a->trace_trackers_) {
       try {
@@ -491,6 +562,8 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     const bool profiling = c10::memoryProfilingEnabled();
     uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
     void* p = nullptr;
+    cudamem_history::Scope scope(
+        g_history_on.load(std::memory_order_relaxed) ? history_.gather(CCA::RecordContext::STATE) : nullptr);
     if (n_captures_.load(std::memory_order_relaxed) == 0) {
       p = g_api->malloc(device, size, stream, -1, info);
     } else {
@@ -545,7 +618,13 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   std::mutex trackers_mutex_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
+  std::atomic<int> n_trackers_{0};
+  std::mutex hook_mutex_;
+  bool hooked_ = false;
   cudamem_ipc::Opened ipc_;
+
+ public:
+  cudamem_history::History history_;
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
 };
@@ -579,6 +658,7 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
     g_api = a;
     g_last_error = reinterpret_cast<LastErrorFn>(last_error);
     static std::shared_ptr<CudamemAllocator> allocator = std::make_shared<CudamemAllocator>();
+    g_history = &allocator->history_;
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
     // torch.accelerator's calls find the CUDA allocator through c10's registry.
     c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/UINT8_MAX);

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-constexpr uint32_t kApiVersion = 5;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 6;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
@@ -27,8 +27,8 @@ struct BlockRecord {
 using SegmentSink = void (*)(void*, const SegmentRecord*);
 using BlockSink = void (*)(void*, const BlockRecord*);
 using ByteSink = void (*)(void*, const uint8_t*, size_t);
-// (ctx, device, c10 TraceEntry::Action, addr, size, stream): trackers::SegmentHook.
-using SegmentHook = void (*)(void*, int, int, uint64_t, uint64_t, uint64_t);
+// (ctx, device, c10 TraceEntry::Action, addr, size, stream): trackers::TraceHook.
+using TraceHook = void (*)(void*, int, int, uint64_t, uint64_t, uint64_t);
 
 // Field for field the Rust struct `native::NativeApi`.
 struct NativeApi {
@@ -63,5 +63,5 @@ struct NativeApi {
   int (*ipc_share)(void*, void*, ByteSink, uint64_t*);
   int (*ipc_open)(int, const uint8_t*, size_t, uint64_t*, int*);
   int (*ipc_close)(int, uint64_t, int);
-  int (*set_segment_hook)(void*, SegmentHook);
+  int (*set_trace_hook)(void*, TraceHook);
 };

@@ -7,10 +7,13 @@ pytorch_tests.sh load it, so they differ only in the allocator:
   (``cudamem.torch.install(native=True)``). That hook runs before collection, which matters:
   importing test_cuda.py creates CUDA tensors. If the install fails, pytest stops with a usage
   error and no test runs. Otherwise torch keeps its own allocator.
-* The stored test_cuda.py predates torch 2.11 and imports names 2.11 no longer has; missing ones
-  are filled in (torch._six, test_torch.AbstractTestCases, the tri*_indices helpers of
-  common_methods_invocations, torch.cuda._Graph and _graph_pool_handle), the same way in both
-  runs. Placeholders raise when used, so the tests that need them fail in both runs.
+* A stored test file may come from another torch release than the installed one and import
+  names this torch lacks. Missing ones are filled in the same way in both runs: known renames
+  and removals (torch._six, test_torch.AbstractTestCases, the tri*_indices helpers of
+  common_methods_invocations, torch.cuda._Graph and _graph_pool_handle), and a placeholder for
+  any other name a ``from torch... import`` asks for. Placeholders raise when used (a missing
+  decorator leaves its function as it is; a missing flag is false), so the tests that need them
+  fail or skip in both runs.
 * ``CUDAMEM_PYTEST_TEST_TIMEOUT`` (seconds, default 60): a test running longer makes faulthandler
   dump every thread's stack and exit the process, so a hang costs one test; the driver starts
   pytest again on the tests left.
@@ -57,7 +60,19 @@ class _Missing:
         raise RuntimeError(f"{self._name} does not exist in torch {_torch_version()}; "
                            "cudamem_pytest_plugin put this placeholder in its place")
 
-    __iter__ = __call__ = __len__ = _fail
+    __iter__ = __len__ = _fail
+
+    def __bool__(self):  # a missing feature flag reads as "not supported"
+        return False
+
+    def __call__(self, *args, **kwargs):
+        # A missing decorator (or decorator factory) leaves what it decorates as it is; any
+        # other call raises.
+        if len(args) == 1 and not kwargs and (isinstance(args[0], type) or callable(args[0])):
+            return args[0]
+        if not args and not kwargs:
+            return lambda f: f
+        self._fail()
 
     def __getattr__(self, attr):
         if attr.startswith("__"):
@@ -127,6 +142,10 @@ def _compat(config):
     except Exception as e:  # the test file's own import will then show the real error
         applied.append(f"(common_methods_invocations not importable: {e!r})")
 
+    # Any other name a test file imports from torch that this torch lacks (a file newer than it).
+    for path in {str(a).split("::")[0] for a in config.args}:
+        applied += _fill_missing_imports(path)
+
     # Renamed, same object: torch.cuda._Graph became CUDAGraph, _graph_pool_handle graph_pool_handle.
     if not hasattr(torch.cuda, "_Graph") and hasattr(torch.cuda, "CUDAGraph"):
         torch.cuda._Graph = torch.cuda.CUDAGraph
@@ -135,6 +154,41 @@ def _compat(config):
         torch.cuda._graph_pool_handle = torch.cuda.graph_pool_handle
         applied.append("torch.cuda._graph_pool_handle = graph_pool_handle")
     return applied
+
+
+def _fill_missing_imports(path):
+    """Placeholders for the names ``from torch... import`` statements of ``path`` ask for that
+    the installed torch lacks; returns what was filled."""
+    import ast
+
+    if not (path.endswith(".py") and os.path.isfile(path)):
+        return []
+    filled = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):  # a third-party module this machine lacks (psutil, ...)
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if top not in sys.modules and importlib.util.find_spec(top) is None:
+                    stub = types.ModuleType(top)
+                    stub.__getattr__ = lambda attr, top=top: _Missing(f"{top}.{attr}")
+                    sys.modules[top] = stub
+                    filled.append(f"module {top}")
+            continue
+        if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch")):
+            continue
+        try:
+            mod = importlib.import_module(node.module)
+        except Exception as e:  # the test file's own import shows the real error
+            filled.append(f"({node.module} not importable: {e!r})")
+            continue
+        for alias in node.names:
+            if alias.name != "*" and not hasattr(mod, alias.name):
+                try:
+                    importlib.import_module(f"{node.module}.{alias.name}")  # a submodule
+                except Exception:
+                    setattr(mod, alias.name, _Missing(f"{node.module}.{alias.name}"))
+                    filled.append(f"{node.module}.{alias.name}")
+    return filled
 
 
 def pytest_configure(config):

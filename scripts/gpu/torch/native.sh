@@ -5,6 +5,7 @@
 #     bash scripts/gpu/torch/native.sh
 # Steps:
 #   (1) every capability check of native_check.py with cudamem installed
+#   (1b) CUDA tensors between processes (ipc_check.py): cudamem and torch's allocator, both ways
 #   (2) the graph checks again under compute-sanitizer memcheck
 #   (3) the profiler's per-operator CUDA memory, torch's allocator vs cudamem (separate processes)
 #   (4) torch.compile(mode="reduce-overhead") training, 20 steps, alternated 2x each
@@ -31,6 +32,9 @@ main() {
 
     step "(1) capability checks (cudamem installed)"
     timeout 420 python3 $here/native_check.py || { echo "checks FAILED"; rc=1; }
+
+    step "(1b) CUDA tensors sent to another process (torch.multiprocessing)"
+    timeout 600 python3 $here/ipc_check.py || { echo "IPC checks FAILED"; rc=1; }
 
     step "(2) graph checks under compute-sanitizer memcheck"
     if command -v compute-sanitizer >/dev/null; then

@@ -5,6 +5,9 @@
 # $PYTORCH_TESTS_DIR. From the repository root, with the wheel installed to a folder on PYTHONPATH:
 #     python3 -m pip install -q --no-index --no-deps --target "${TMPDIR:-/tmp}/site" gpu-out/cudamem-*.whl
 #     PYTHONPATH="${TMPDIR:-/tmp}/site" bash scripts/gpu/torch/pytorch_tests.sh
+# Without network, fetch torch's test dependencies first on a machine with it:
+#     python3 -m pip download -d gpu-out/pywheels --only-binary=:all: --python-version 3.12 \
+#         --platform manylinux2014_x86_64 --platform any expecttest psutil hypothesis
 # Environment passes through, e.g. PYTORCH_TEST_CUDA_MEM_LEAK_CHECK=1 adds torch's leak check to
 # every test (off unless set). The stored test_cuda.py predates torch 2.11: the plugin fills in the
 # names it imports that 2.11 lacks (listed in the log), so tests relying on those fail in both runs.
@@ -32,6 +35,15 @@ main() {
         return 1
     }
     python3 -c 'import pytest' 2>/dev/null || { echo "pytest is not installed"; return 1; }
+    # torch's test helpers need expecttest (and test_cuda.py psutil, hypothesis), which a machine
+    # without network may lack: wheels fetched beforehand into $PYTORCH_TEST_WHEELS install here.
+    wheels=${PYTORCH_TEST_WHEELS:-gpu-out/pywheels}
+    if ! python3 -c 'import expecttest' 2>/dev/null && ls "$wheels"/*.whl >/dev/null 2>&1; then
+        deps=$(mktemp -d "${TMPDIR:-/tmp}/pytorch-test-deps.XXXXXX")
+        python3 -m pip install -q --no-index --no-deps --target "$deps" "$wheels"/*.whl || return 1
+        export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$deps"
+        echo "test dependencies from $wheels: $(ls "$wheels" | tr '\n' ' ')"
+    fi
     python3 -c 'import sys, torch, pytest, cudamem; print("python", sys.version.split()[0], "torch", torch.__version__,
         "cuda", torch.version.cuda, "pytest", pytest.__version__, "cudamem", getattr(cudamem, "__version__", "?"), "from", cudamem.__file__)'
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null

@@ -14,16 +14,7 @@ impl<S: StatSink> Engine<S> {
     /// Emits one history entry (the only place that does).
     #[inline]
     pub(super) fn trace(&mut self, action: Action, addr: u64, size: u64, stream: StreamId, stack: Option<u32>) {
-        let change = match action {
-            Action::SegmentAlloc => Some(super::SegmentChange::Alloc),
-            Action::SegmentFree => Some(super::SegmentChange::Free),
-            Action::SegmentMap => Some(super::SegmentChange::Map),
-            Action::SegmentUnmap => Some(super::SegmentChange::Unmap),
-            _ => None,
-        };
-        if let Some(change) = change {
-            self.observe(change, addr, size, stream);
-        }
+        self.observe(action, addr, size, stream);
         if self.history.enabled {
             let stack = if self.history.context >= crate::history::RecordContext::Alloc {
                 stack

@@ -31,7 +31,7 @@ impl<S: StatSink> Engine<S> {
         let (size, requested, stream, stack) = (b.size, b.requested, b.stream, b.stack);
         self.stat_down(Array::Allocation, small, 1);
         self.stat_down(Array::AllocatedBytes, small, size);
-        if self.history.enabled {
+        if self.history.enabled || self.observer.0.is_some() {
             let free_stack = if self.history.context >= crate::history::RecordContext::All {
                 self.current_stack
             } else {

@@ -1,0 +1,251 @@
+// Torch's own memory history on the native torch allocator class: recordHistory, snapshot's
+// device_traces and contexts, recordAnnotation, compile contexts and user metadata, kept in
+// torch's TraceEntry with torch's context recorder, so that torch.cuda.memory._snapshot(),
+// _dump_snapshot, torch::cuda::_memory_snapshot_pickled and torch.cuda._memory_viz work unchanged,
+// with torch's frames (Python, TorchScript and C++, as `stacks=` asks) and torch's options
+// (context="state"/"alloc"/"all", skip_actions, max_entries, _set_memory_metadata,
+// compile_context, annotations).
+//
+// Rules kept here, as torch's allocator keeps them:
+// * Contexts are gathered before the class calls into the engine, on the calling thread, with no
+//   lock held (the recorder may take the GIL): at allocation when recording at all ("state" and
+//   up: blocks show where they were allocated), at free and empty_cache with context "all". The
+//   engine's events of that call (alloc, segment_alloc, segment_map, free_requested,
+//   free_completed, segment_free, segment_unmap, oom) arrive through the trace hook on the same
+//   thread and take that context (Scope); a block's free events without one take the block's
+//   allocation context.
+// * Trace entries are kept (at most max_entries per device, oldest dropped first) from
+//   context "alloc" on, minus skip_actions; block and segment contexts from "state" on. Times
+//   are torch's approximate clock, turned into microseconds at snapshot.
+// * The hook runs under the engine's lock; this history's mutex is taken inside it and never
+//   held while calling the engine.
+//
+// Included by native_allocator.cpp only (one translation unit), after c10's allocator header.
+
+#pragma once
+
+#include <c10/util/ApproximateClock.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace cudamem_history {
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+namespace CDA = c10::CachingDeviceAllocator;
+using c10::MempoolId_t;
+using Ctx = std::shared_ptr<c10::GatheredContext>;
+using Action = CCA::TraceEntry::Action;
+
+inline Ctx& call_context() {
+  thread_local Ctx ctx;
+  return ctx;
+}
+
+// The context of the events of one call into the engine, on this thread.
+struct Scope {
+  explicit Scope(Ctx c) { call_context() = std::move(c); }
+  ~Scope() { call_context().reset(); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+class History {
+ public:
+  void record(
+      bool enabled,
+      CCA::CreateContextFn recorder,
+      size_t max_entries,
+      CCA::RecordContext when,
+      bool clear,
+      const std::vector<std::string>& skip_actions) {
+    std::set<Action> skip;
+    for (const auto& a : skip_actions) {
+      skip.insert(CDA::parseTraceEntryAction(a));  // throws on an unknown name, as torch does
+    }
+    std::lock_guard<std::mutex> g(mutex_);
+    when_ = enabled ? when : CCA::RecordContext::NEVER;
+    recorder_ = enabled ? recorder : nullptr;
+    max_entries_ = max_entries;
+    skip_ = std::move(skip);
+    if (clear) {
+      traces_.clear();
+      annotations_.clear();
+    }
+    for (auto& t : traces_) {
+      while (t.size() > max_entries_) {
+        t.pop_front();
+      }
+    }
+    if (!enabled) {
+      block_ctx_.clear();
+      segment_ctx_.clear();
+    }
+  }
+
+  bool recording() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return when_ != CCA::RecordContext::NEVER;
+  }
+
+  // The recorder's context if recording at `level` or more (no lock held while it runs).
+  Ctx gather(CCA::RecordContext level) {
+    CCA::CreateContextFn recorder = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (when_ < level || recorder_ == nullptr) {
+        return nullptr;
+      }
+      recorder = recorder_;
+    }
+    return recorder();
+  }
+
+  // One event of the engine (through the trace hook, on the thread of the call).
+  void on_event(Action action, int device, uint64_t addr, uint64_t size, uint64_t stream) {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (when_ == CCA::RecordContext::NEVER) {
+      return;
+    }
+    Ctx ctx = call_context();
+    switch (action) {
+      case Action::ALLOC:
+        if (ctx) {
+          block_ctx_[addr] = ctx;
+        }
+        break;
+      case Action::FREE_REQUESTED:
+      case Action::FREE_COMPLETED: {
+        auto it = block_ctx_.find(addr);
+        if (!ctx && it != block_ctx_.end()) {
+          ctx = it->second;
+        }
+        if (action == Action::FREE_COMPLETED && it != block_ctx_.end()) {
+          block_ctx_.erase(it);
+        }
+        break;
+      }
+      case Action::SEGMENT_ALLOC:
+      case Action::SEGMENT_MAP:
+        if (ctx && segment_ctx_.find(addr) == segment_ctx_.end()) {
+          segment_ctx_[addr] = ctx;
+        }
+        break;
+      case Action::SEGMENT_FREE:
+        segment_ctx_.erase(addr);
+        break;
+      default:
+        break;
+    }
+    if (when_ < CCA::RecordContext::ALLOC || skip_.count(action) != 0) {
+      return;
+    }
+    if (traces_.size() <= static_cast<size_t>(device)) {
+      traces_.resize(device + 1);
+    }
+    auto& t = traces_[device];
+    t.emplace_back(
+        action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream),
+        MempoolId_t{0, 0}, c10::getApproximateTime(), std::move(ctx),
+        compile_context_.empty() ? std::string() : compile_context_.back(), user_metadata_);
+    while (t.size() > max_entries_) {
+      t.pop_front();
+    }
+  }
+
+  void annotate(const std::vector<std::pair<std::string, std::string>>& md) {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (when_ == CCA::RecordContext::NEVER) {
+      return;
+    }
+    c10::DeviceIndex device = 0;
+    (void)c10::cuda::GetDevice(&device);
+    CDA::AnnotationEntry ae(device, c10::getApproximateTime());
+    for (const auto& [k, v] : md) {
+      ae.recordUserMetadata(k, v);
+    }
+    annotations_.push_back(std::move(ae));
+  }
+
+  void push_compile_context(const std::string& md) {
+    std::lock_guard<std::mutex> g(mutex_);
+    compile_context_.push_back(md);
+  }
+  void pop_compile_context() {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (!compile_context_.empty()) {
+      compile_context_.pop_back();
+    }
+  }
+  void set_user_metadata(const std::string& md) {
+    std::lock_guard<std::mutex> g(mutex_);
+    user_metadata_ = md;
+  }
+  std::string user_metadata() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return user_metadata_;
+  }
+
+  Ctx block_context(uint64_t addr) {
+    std::lock_guard<std::mutex> g(mutex_);
+    auto it = block_ctx_.find(addr);
+    return it == block_ctx_.end() ? nullptr : it->second;
+  }
+  Ctx segment_context(uint64_t addr) {
+    std::lock_guard<std::mutex> g(mutex_);
+    auto it = segment_ctx_.find(addr);
+    return it == segment_ctx_.end() ? nullptr : it->second;
+  }
+
+  // snapshot(): the traces (a `snapshot` entry first, as torch records one) and annotations,
+  // with times in microseconds.
+  void fill(CCA::SnapshotInfo& info, int device_count, uint64_t active_bytes) {
+    auto to_ns = converter_.makeConverter();
+    std::lock_guard<std::mutex> g(mutex_);
+    if (when_ >= CCA::RecordContext::ALLOC && skip_.count(Action::SNAPSHOT) == 0) {
+      c10::DeviceIndex device = 0;
+      (void)c10::cuda::GetDevice(&device);
+      if (traces_.size() <= static_cast<size_t>(device)) {
+        traces_.resize(device + 1);
+      }
+      traces_[device].emplace_back(
+          Action::SNAPSHOT, device, 0, active_bytes, nullptr, MempoolId_t{0, 0}, c10::getApproximateTime(),
+          nullptr, std::string(), user_metadata_);
+    }
+    info.device_traces.assign(std::max<size_t>(device_count, traces_.size()), {});
+    for (size_t d = 0; d < traces_.size(); ++d) {
+      for (const auto& te : traces_[d]) {
+        CCA::TraceEntry copy = te;
+        copy.time_.t_ = to_ns(te.time_.approx_t_) / 1000;
+        info.device_traces[d].push_back(std::move(copy));
+      }
+    }
+    for (const auto& ae : annotations_) {
+      CDA::AnnotationEntry copy = ae;
+      copy.time_.t_ = to_ns(ae.time_.approx_t_) / 1000;
+      info.external_annotations.push_back(std::move(copy));
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  CCA::RecordContext when_ = CCA::RecordContext::NEVER;
+  CCA::CreateContextFn recorder_ = nullptr;
+  size_t max_entries_ = 0;
+  std::set<Action> skip_;
+  std::vector<std::deque<CCA::TraceEntry>> traces_;
+  std::vector<CDA::AnnotationEntry> annotations_;
+  std::unordered_map<uint64_t, Ctx> block_ctx_;
+  std::unordered_map<uint64_t, Ctx> segment_ctx_;
+  std::vector<std::string> compile_context_;
+  std::string user_metadata_;
+  c10::ApproximateClockToUnixTimeConverter converter_;
+};
+
+}  // namespace cudamem_history
