@@ -86,7 +86,7 @@ du -shc "$out" "$out2"
 # The side-by-side replay of the shared traces on the simulated GPU and on cuda:0.
 # And what mappings cost there (vmm_costs: map/unmap timings, cold and warm passes per policy).
 # And slow_state: the allocator's CPU-side figures beside probes of the core, sampled together.
-cargo build -p cudamem-replay --release --example replay_gpu --example vmm_costs --example slow_state
+cargo build -p cudamem-replay --features cuda --release --example replay_gpu --example vmm_costs --example slow_state
 mkdir -p gpu-out/replay
 objcopy --strip-debug target/release/examples/replay_gpu gpu-out/replay/replay_gpu
 objcopy --strip-debug target/release/examples/vmm_costs gpu-out/replay/vmm_costs

@@ -24,12 +24,24 @@
 //! With the `pytorch` policy and the trace's own settings, new segments get the addresses the
 //! trace's `segment_alloc` entries carry (see `SimDevice::plan_addresses`), so ties between
 //! equal-size free blocks break as they did in PyTorch and the segment history is reproduced.
+//!
+//! ## Where each part lives
+//! `program.rs`: the compiler ([`Program::compile`]), which also keeps each op's trace event and
+//! stack for the reports. `pass.rs`: the loop ([`run_once`], the timed one; [`run_observed`],
+//! the same loop telling an [`Observer`] of each op, which the HTML reports use, so every replay
+//! follows the rules above once). `target.rs`: the simulated device or, with the `cuda`
+//! feature, a real one ([`new_allocator`]). `run.rs`: whole replays, their options and results,
+//! and the smallest-capacity search.
 
+mod pass;
 mod program;
 mod run;
+mod target;
 
+pub use pass::{free_leftovers, run_observed, run_once, Observer, Quiet, DEFERRED_STREAM_BASE};
 pub use program::{Op, Program};
 pub use run::{
-    check_sim_capacity, effective_config, fit, free_leftovers, new_allocator, replay, replay_device, run_once,
-    settings_string, DeviceResult, ReplayOptions, ReplayResult, Target, DEFERRED_STREAM_BASE,
+    check_sim_capacity, effective_config, fit, replay, replay_device, settings_string, DeviceResult, ReplayOptions,
+    ReplayResult,
 };
+pub use target::{new_allocator, Target};

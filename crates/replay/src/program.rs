@@ -1,8 +1,18 @@
-//! Compiling a trace into replayable operations.
+//! # Compiling a trace into replayable operations
+//!
+//! [`Program::compile`] turns one device's events into [`Op`]s by the rules of the crate
+//! documentation ("How a trace becomes calls"), once, so that the timed loop does no hashing of
+//! trace addresses. Beside the ops, the program keeps for each op the trace event it comes from
+//! and that event's stack, which the reports use (the timed loop never reads them), and the
+//! trace's own figures (peak reserved, device allocations, OOMs) that a replay is compared with.
+//!
+//! Invariants: `op_events` and `op_stacks` have one entry per op; `Malloc` ops appear in the
+//! order of the trace's `alloc` events, one each; every slot a `Free` names was filled by an
+//! earlier `Malloc`.
 
 use std::collections::HashMap;
 
-use cudamem_trace::{Action, DeviceTrace};
+use cudamem_trace::{Action, DeviceTrace, StackId};
 
 /// One replay step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +50,11 @@ pub struct Program {
     pub device: i32,
     /// The steps.
     pub ops: Vec<Op>,
+    /// For each op, the index of the trace event it comes from (for `EmptyCache`, the first
+    /// release entry of its run).
+    pub op_events: Vec<u32>,
+    /// For each op, the stack of that event (`None` for `EmptyCache`).
+    pub op_stacks: Vec<Option<StackId>>,
     /// Number of slots: the most allocations live at once (a freed allocation's slot is
     /// reused, last freed first, so that the replay's own table stays small and warm in the
     /// cache instead of growing by one slot per allocation of the trace).
@@ -79,7 +94,7 @@ impl Program {
         for (i, e) in ev.iter().enumerate() {
             let is_release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
             if is_release && !in_release_run {
-                p.ops.push(Op::EmptyCache);
+                p.push(Op::EmptyCache, i, None);
             }
             in_release_run = is_release || (in_release_run && matches!(e.action, Action::Snapshot));
             match e.action {
@@ -91,11 +106,12 @@ impl Program {
                     // An address allocated twice without a free between (a free the trace
                     // lost) leaves the first slot occupied: its allocation lives to the end.
                     live.insert(e.addr, slot);
-                    p.ops.push(Op::Malloc {
+                    let op = Op::Malloc {
                         size: e.size,
                         stream: e.stream,
                         slot,
-                    });
+                    };
+                    p.push(op, i, e.stack);
                     p.trace_ops += 1;
                 }
                 Action::FreeRequested => {
@@ -108,21 +124,19 @@ impl Program {
                     let immediate = ev
                         .get(i + 1)
                         .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == e.addr);
-                    if immediate {
-                        p.ops.push(Op::Free { slot, deferred: None });
+                    let deferred = if immediate {
+                        None
                     } else {
                         let s = p.deferred_streams;
                         p.deferred_streams += 1;
                         pending.insert(e.addr, s);
-                        p.ops.push(Op::Free {
-                            slot,
-                            deferred: Some(s),
-                        });
-                    }
+                        Some(s)
+                    };
+                    p.push(Op::Free { slot, deferred }, i, e.stack);
                 }
                 Action::FreeCompleted => {
                     if let Some(s) = pending.remove(&e.addr) {
-                        p.ops.push(Op::Complete { stream: s });
+                        p.push(Op::Complete { stream: s }, i, e.stack);
                     }
                 }
                 Action::SegmentAlloc | Action::SegmentMap => {
@@ -139,6 +153,12 @@ impl Program {
             }
         }
         p
+    }
+
+    fn push(&mut self, op: Op, event: usize, stack: Option<StackId>) {
+        self.ops.push(op);
+        self.op_events.push(event as u32);
+        self.op_stacks.push(stack);
     }
 }
 

@@ -1,18 +1,14 @@
 //! Running a [`Program`] on a simulated device, timing it, and searching the smallest capacity.
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, DeviceStats, Engine};
-use cudamem_device::sim::{EventMode, SimConfig, SimDevice, H200_CAPACITY};
-use cudamem_device::{Device, DeviceCounters, StreamId};
+use cudamem_alloc::{AllocatorConfig, DeviceStats};
+use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
+use cudamem_device::{Device, DeviceCounters};
 
 use cudamem_trace::Trace;
 
+use crate::pass::{free_leftovers, run_once};
 use crate::program::{Op, Program};
-
-/// Replay streams for deferred frees live far above real stream handles.
-pub const DEFERRED_STREAM_BASE: u64 = 0xdef0_0000_0000_0000;
+use crate::target::new_allocator;
 
 /// How to replay.
 #[derive(Clone, Debug)]
@@ -134,152 +130,6 @@ pub fn effective_config(trace: &Trace, opts: &ReplayOptions) -> Result<Allocator
         cfg.apply(s).map_err(|e| format!("--config: {e}"))?;
     }
     Ok(cfg)
-}
-
-/// Where a replay runs.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// The simulated GPU (events completed by the replay).
-    Sim(Arc<SimDevice>),
-    /// A real device; trace streams are mapped onto real streams.
-    Real {
-        /// The device.
-        device: Arc<dyn Device>,
-        /// Trace stream -> real stream.
-        streams: Vec<(u64, StreamId)>,
-    },
-}
-
-impl Target {
-    /// The device behind the target.
-    pub fn device(&self) -> Arc<dyn Device> {
-        match self {
-            Target::Sim(s) => s.clone(),
-            Target::Real { device, .. } => device.clone(),
-        }
-    }
-    #[inline]
-    fn stream(&self, s: u64) -> StreamId {
-        match self {
-            Target::Sim(_) => StreamId(s),
-            Target::Real { streams, .. } => streams.iter().find(|(t, _)| *t == s).map_or(StreamId(0), |x| x.1),
-        }
-    }
-}
-
-fn open_real(name: &str, p: &Program) -> Result<Target, String> {
-    let ordinal: i32 = name
-        .strip_prefix("cuda:")
-        .or(if name == "cuda" { Some("0") } else { None })
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| format!("unknown device '{name}' (use sim or cuda:N)"))?;
-    let dev = cudamem_cuda::CudaDevice::new(ordinal + p.device.max(0)).map_err(|e| e.to_string())?;
-    let mut streams = Vec::new();
-    for op in &p.ops {
-        if let Op::Malloc { stream, .. } = op {
-            if !streams.iter().any(|(t, _)| t == stream) {
-                let real = if *stream == 0 {
-                    StreamId(0)
-                } else {
-                    dev.create_stream(true).map_err(|e| e.to_string())?
-                };
-                streams.push((*stream, real));
-            }
-        }
-    }
-    Ok(Target::Real {
-        device: Arc::new(dev),
-        streams,
-    })
-}
-
-/// A fresh device and allocator for replaying `p` (benchmarks build their own runs from this
-/// and [`run_once`]).
-pub fn new_allocator(
-    p: &Program,
-    cfg: &AllocatorConfig,
-    opts: &ReplayOptions,
-    plan: bool,
-) -> Result<(Target, CachingAllocator), String> {
-    let target = if opts.device == "sim" {
-        let sim = Arc::new(SimDevice::new(SimConfig {
-            index: p.device,
-            capacity: opts.capacity,
-            event_mode: EventMode::Manual,
-            ..SimConfig::default()
-        }));
-        if plan {
-            sim.plan_addresses(p.segment_addresses.iter().copied());
-        }
-        Target::Sim(sim)
-    } else {
-        open_real(&opts.device, p)?
-    };
-    let alloc = CachingAllocator::with_policy(target.device(), cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
-    Ok((target, alloc))
-}
-
-/// Runs the program once; returns (elapsed ns, ooms, stats at the reserved peak if `capture`).
-/// `slots` must have `p.slots` entries; allocations still live at the end stay in `slots`.
-#[inline(never)] // one call per pass; a symbol of its own for profilers (callgrind --toggle-collect)
-pub fn run_once(
-    p: &Program,
-    e: &mut Engine,
-    target: &Target,
-    slots: &mut [u64],
-    capture: bool,
-) -> (u64, u64, Option<DeviceStats>) {
-    slots.iter_mut().for_each(|s| *s = 0);
-    let sim = match target {
-        Target::Sim(s) if p.deferred_frees => Some(&**s),
-        _ => None,
-    };
-    let mut ooms = 0;
-    let mut peak: Option<DeviceStats> = None;
-    let mut best = -1i64;
-    let t = Instant::now();
-    for op in &p.ops {
-        match *op {
-            Op::Malloc { size, stream, slot } => match e.malloc(size, target.stream(stream)) {
-                Ok(ptr) => {
-                    slots[slot as usize] = ptr;
-                    if capture && e.stats().reserved_bytes.all().current > best {
-                        best = e.stats().reserved_bytes.all().current;
-                        peak = Some(e.stats());
-                    }
-                }
-                Err(err) if err.is_out_of_memory() => ooms += 1,
-                Err(err) => panic!("replay: device failure: {err}"),
-            },
-            Op::Free { slot, deferred } => {
-                let ptr = std::mem::take(&mut slots[slot as usize]);
-                if ptr == 0 {
-                    continue; // its allocation failed (or was size 0)
-                }
-                if let (Some(s), Some(_)) = (deferred, sim) {
-                    let _ = e.record_stream(ptr, StreamId(DEFERRED_STREAM_BASE + s as u64));
-                }
-                e.free(ptr).expect("replay frees only what it allocated");
-            }
-            Op::Complete { stream } => {
-                if let Some(sim) = sim {
-                    sim.complete_stream(StreamId(DEFERRED_STREAM_BASE + stream as u64));
-                }
-            }
-            Op::EmptyCache => e.empty_cache().expect("empty_cache during replay"),
-        }
-    }
-    (t.elapsed().as_nanos() as u64, ooms, peak)
-}
-
-/// Frees what a pass left live (untimed), so that a warm pass starts like the first one.
-pub fn free_leftovers(e: &mut Engine, slots: &mut [u64]) {
-    for s in slots.iter_mut() {
-        if *s != 0 {
-            let _ = e.free(std::mem::take(s));
-        }
-    }
-    e.process_events();
 }
 
 /// Pools the policies keep per stream (small and large); each may hold one expandable segment.

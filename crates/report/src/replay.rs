@@ -1,18 +1,13 @@
-//! Replaying a trace event by event, keeping what the reports need.
+//! Replaying a trace, keeping what the reports need.
 //!
-//! [`cudamem_replay::replay`] answers "how much would this job reserve"; it compiles the trace
-//! into slots and throws the allocator away at the end. The reports need more: the allocator's
-//! final state as a snapshot (with the trace's stacks on its blocks), the block size the
-//! allocator gave each allocation, and optionally the allocator's own history. [`run`] drives a
-//! [`CachingAllocator`] on a simulated device directly from the trace's events, with the same
-//! rules as `cudamem_replay` (see that crate's docs, "How a trace becomes calls"):
-//!
-//! * `alloc` → `malloc(size, stream)` with the event's stack set as the current stack;
-//! * `free_requested` directly followed by its `free_completed` → `free`; otherwise
-//!   `record_stream` on a private stream, `free`, and that stream completes at the
-//!   `free_completed`;
-//! * the first of a run of `segment_free`/`segment_unmap` → `empty_cache()`;
-//! * everything else is the recorded allocator's own output and is not replayed.
+//! [`cudamem_replay::replay`] answers "how much would this job reserve" and throws the allocator
+//! away at the end. The reports need more: the allocator's final state as a snapshot (with the
+//! trace's stacks on its blocks), the block size the allocator gave each allocation, and
+//! optionally the allocator's own history. [`run`] replays the trace with the replay crate's own
+//! compiler and loop ([`Program::compile`], [`run_observed`]: the rules of "How a trace becomes
+//! calls" in that crate's docs), on a simulated device, with an observer that makes each
+//! allocation's and free's stack current (the program keeps each op's stack) and notes each
+//! block's size.
 //!
 //! With the `pytorch` policy and the trace's own settings, new segments get the trace's recorded
 //! addresses, exactly as `cudamem_replay::replay` does, so the replay reproduces the recorded
@@ -25,14 +20,12 @@
 //! Its times are the replay's wall clock (the engine's clock cannot be driven from outside
 //! `cudamem-alloc`); the viewer's x axis is the event index, so this only shows in tooltips.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, DeviceStats, RecordContext};
-use cudamem_device::sim::{EventMode, SimConfig, SimDevice, H200_CAPACITY};
-use cudamem_device::{Device, StreamId};
-use cudamem_replay::{effective_config, settings_string, ReplayOptions, DEFERRED_STREAM_BASE};
-use cudamem_trace::{Action, DeviceTrace, StackId, Trace};
+use cudamem_alloc::{AllocatorConfig, DeviceStats, Engine, RecordContext};
+use cudamem_device::sim::H200_CAPACITY;
+use cudamem_replay::{
+    effective_config, new_allocator, run_observed, settings_string, Observer, Op, Program, ReplayOptions,
+};
+use cudamem_trace::{DeviceTrace, StackId, Trace};
 
 /// How to run a trace.
 #[derive(Clone, Debug)]
@@ -121,111 +114,28 @@ fn run_device(
     opts: &RunOptions,
     plan: bool,
 ) -> Result<DeviceRun, String> {
-    let sim = Arc::new(SimDevice::new(SimConfig {
-        index: dt.device,
+    let p = Program::compile(dt);
+    let ropts = ReplayOptions {
+        policy: opts.policy.clone(),
         capacity: opts.capacity,
-        event_mode: EventMode::Manual,
-        ..SimConfig::default()
-    }));
-    if plan {
-        sim.plan_addresses(
-            dt.events
-                .iter()
-                .filter(|e| e.action == Action::SegmentAlloc)
-                .map(|e| e.addr),
-        );
-    }
-    let dev: Arc<dyn Device> = sim.clone();
-    let alloc = CachingAllocator::with_policy(dev, cfg.clone(), &opts.policy).map_err(|e| e.to_string())?;
+        ..ReplayOptions::default()
+    };
+    let (target, alloc) = new_allocator(&p, cfg, &ropts, plan)?;
     let mut e = alloc.lock();
     if opts.record_history {
         e.record_memory_history(true, RecordContext::All, usize::MAX);
     }
-    let ev = &dt.events;
-    let mut live: HashMap<u64, u64> = HashMap::new(); // trace address -> replay address
-    let mut pending: HashMap<u64, u64> = HashMap::new(); // trace address -> deferred stream
-    let mut next_stream = 0u64;
-    let mut block_sizes = Vec::new();
-    let mut ooms = 0;
-    let mut best = -1i64;
-    let mut peak: Option<DeviceStats> = None;
-    let mut in_release_run = false;
-    let mut cur_stack: Option<StackId> = None;
-    let mut set_stack = |e: &mut cudamem_alloc::Engine, s: Option<StackId>| {
-        if s != cur_stack {
-            cur_stack = s;
-            let frames = s
-                .and_then(|id| trace.stacks.get(id as usize))
-                .map(|st| st.frames.clone());
-            e.set_current_stack(frames);
-        }
+    let mut slots = vec![0u64; p.slots as usize];
+    let mut obs = Recorder {
+        trace,
+        program: &p,
+        stack: None,
+        allocated_before: 0,
+        block_sizes: Vec::new(),
     };
-    for (i, ev_i) in ev.iter().enumerate() {
-        let is_release = matches!(ev_i.action, Action::SegmentFree | Action::SegmentUnmap);
-        if is_release && !in_release_run {
-            set_stack(&mut e, None);
-            e.empty_cache()
-                .map_err(|err| format!("{}: replay: empty_cache: {err}", trace.source))?;
-        }
-        in_release_run = is_release || (in_release_run && ev_i.action == Action::Snapshot);
-        match ev_i.action {
-            Action::Alloc => {
-                set_stack(&mut e, ev_i.stack);
-                let before = e.stats().allocated_bytes.all().current;
-                match e.malloc(ev_i.size, StreamId(ev_i.stream)) {
-                    Ok(ptr) => {
-                        block_sizes.push((e.stats().allocated_bytes.all().current - before).max(0) as u64);
-                        live.insert(ev_i.addr, ptr);
-                        if e.stats().reserved_bytes.all().current > best {
-                            best = e.stats().reserved_bytes.all().current;
-                            peak = Some(e.stats());
-                        }
-                    }
-                    Err(err) if err.is_out_of_memory() => {
-                        ooms += 1;
-                        block_sizes.push(0);
-                        live.insert(ev_i.addr, 0);
-                    }
-                    Err(err) => {
-                        return Err(format!(
-                            "{}: replay: device failure on a simulated device: {err}",
-                            trace.source
-                        ))
-                    }
-                }
-            }
-            Action::FreeRequested => {
-                let Some(ptr) = live.remove(&ev_i.addr) else { continue };
-                let immediate = ev
-                    .get(i + 1)
-                    .is_some_and(|n| n.action == Action::FreeCompleted && n.addr == ev_i.addr);
-                let deferred = if immediate {
-                    None
-                } else {
-                    let s = next_stream;
-                    next_stream += 1;
-                    pending.insert(ev_i.addr, s);
-                    Some(s)
-                };
-                if ptr == 0 {
-                    continue; // its allocation failed (or was size 0)
-                }
-                set_stack(&mut e, ev_i.stack);
-                if let Some(s) = deferred {
-                    let _ = e.record_stream(ptr, StreamId(DEFERRED_STREAM_BASE + s));
-                }
-                e.free(ptr)
-                    .map_err(|err| format!("{}: replay: free: {err}", trace.source))?;
-            }
-            Action::FreeCompleted => {
-                if let Some(s) = pending.remove(&ev_i.addr) {
-                    sim.complete_stream(StreamId(DEFERRED_STREAM_BASE + s));
-                }
-            }
-            _ => {}
-        }
-    }
-    set_stack(&mut e, None);
+    let (_, ooms, peak) = run_observed(&p, &mut e, &target, &mut slots, true, &mut obs);
+    obs.set_stack(&mut e, None);
+    let block_sizes = obs.block_sizes;
     let stats = e.stats();
     let snapshot = e.snapshot();
     Ok(DeviceRun {
@@ -236,6 +146,52 @@ fn run_device(
         ooms,
         snapshot,
     })
+}
+
+/// What the reports keep of a pass: each op's stack made the engine's current one (so that the
+/// history and the snapshot carry the trace's stacks), and each allocation's block size.
+struct Recorder<'a> {
+    trace: &'a Trace,
+    program: &'a Program,
+    /// The stack last made current.
+    stack: Option<StackId>,
+    /// `allocated_bytes` before the `Malloc` running.
+    allocated_before: i64,
+    block_sizes: Vec<u64>,
+}
+
+impl Recorder<'_> {
+    fn set_stack(&mut self, e: &mut Engine, s: Option<StackId>) {
+        if s != self.stack {
+            self.stack = s;
+            let frames = s
+                .and_then(|id| self.trace.stacks.get(id as usize))
+                .map(|st| st.frames.clone());
+            e.set_current_stack(frames);
+        }
+    }
+}
+
+impl Observer for Recorder<'_> {
+    fn before(&mut self, i: usize, e: &mut Engine) {
+        match self.program.ops[i] {
+            Op::EmptyCache => self.set_stack(e, None),
+            Op::Malloc { .. } => {
+                self.set_stack(e, self.program.op_stacks[i]);
+                self.allocated_before = e.stats().allocated_bytes.all().current;
+            }
+            Op::Free { .. } => self.set_stack(e, self.program.op_stacks[i]),
+            Op::Complete { .. } => {}
+        }
+    }
+
+    fn after_malloc(&mut self, _i: usize, e: &Engine, ptr: Option<u64>) {
+        let size = match ptr {
+            Some(_) => (e.stats().allocated_bytes.all().current - self.allocated_before).max(0) as u64,
+            None => 0,
+        };
+        self.block_sizes.push(size);
+    }
 }
 
 /// The replay as one trace: every device's snapshot merged (stacks re-indexed), named
