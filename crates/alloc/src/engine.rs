@@ -28,6 +28,7 @@
 //! that grow by mapping pages. `engine/free.rs`: free and merge. `engine/events.rs`: streams and events.
 //! `engine/release.rs`: returning cached memory. `engine/settings.rs`: the memory fraction and read-only
 //! views. `engine/private_pools.rs`: CUDA-graph and `MemPool` pools. `engine/tags.rs`: sleep and wake.
+//! `engine/grow.rs`: device memory for a miss, and out of memory.
 //! `engine/hook.rs`: what an allocator composed of several engines may use (its whole interface
 //! to them).
 
@@ -36,9 +37,9 @@ use std::sync::Arc;
 
 use cudamem_device::{Device, EventId, StreamId};
 
-use crate::block::{Block, BlockArena, BlockId, Pool, PoolId, SegmentId};
+use crate::block::{BlockArena, BlockId, Pool, PoolId};
 use crate::config::AllocatorConfig;
-use crate::error::{AllocError, OutOfMemory};
+use crate::error::AllocError;
 use crate::history::{Action, History};
 use crate::policy::{Dispatch, Policy};
 use crate::segment::{Backing, Segment, SegmentTable};
@@ -48,6 +49,7 @@ mod bookkeeping;
 mod events;
 mod expandable;
 mod free;
+mod grow;
 pub mod hook;
 mod ipc;
 mod observer;
@@ -56,7 +58,7 @@ mod release;
 mod settings;
 mod tags;
 pub use ipc::Shared;
-pub use observer::{TraceEvent, TraceObserver};
+pub use observer::{SegmentChange, SegmentEvent, SegmentObserver};
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
 pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
@@ -128,8 +130,8 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) private: private_pools::PrivatePools,
     /// Tagged pools, which can sleep and wake (see [`tags`]).
     pub(crate) tags: tags::Tags,
-    /// Hears every event (see [`observer`]).
-    pub(crate) observer: observer::Observer,
+    /// Hears segment changes (see [`observer`]).
+    observer: observer::Observer,
 }
 
 /// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
@@ -308,39 +310,6 @@ impl<S: StatSink> Engine<S> {
         self.alloc_block(req, true)
     }
 
-    #[cold]
-    fn raise_oom(&mut self, req: &Request, orig_size: u64) -> AllocError {
-        let err = self.out_of_memory_error(orig_size, req.alloc_size, false);
-        if let AllocError::OutOfMemory(o) = &err {
-            let free = o.free;
-            self.trace(Action::Oom, free, req.size, req.stream, self.current_stack);
-        }
-        self.stats.num_ooms += 1;
-        err
-    }
-
-    fn out_of_memory_error(&self, requested: u64, tried: u64, over: bool) -> AllocError {
-        let (free, total) = self.device.mem_get_info().unwrap_or((0, self.device.total_memory()));
-        AllocError::OutOfMemory(Box::new(OutOfMemory {
-            device: self.device.index(),
-            requested,
-            tried,
-            total,
-            free,
-            process_used: total.saturating_sub(free),
-            allowed: self.allowed_memory_maximum,
-            allocated: self.stats().allocated_bytes.all().current as u64,
-            reserved: self.stats().reserved_bytes.all().current as u64,
-            largest_free_block: self.largest_free_block(),
-            over_one_exabyte: over,
-        }))
-    }
-
-    /// The largest free cached block (PyTorch's `cacheInfo`).
-    pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().filter_map(|p| p.blocks.max_size()).max().unwrap_or(0)
-    }
-
     /// Best fit on the request's stream (PyTorch `get_free_block`).
     fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
         let gc = self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
@@ -389,89 +358,6 @@ impl<S: StatSink> Engine<S> {
         }
         pool.blocks.remove_at(pos);
         Some(key.3)
-    }
-
-    /// Gets device memory for the request (PyTorch `alloc_block`). `Ok(None)` means out of
-    /// memory; any other device failure is an error.
-    fn alloc_block(&mut self, req: &Request, is_retry: bool) -> Result<Option<BlockId>, AllocError> {
-        if is_retry {
-            self.stats.num_alloc_retries += 1;
-        }
-        if let Some(max) = self.allowed_memory_maximum {
-            if self.total_allocated_memory.saturating_add(req.alloc_size) > max {
-                return Ok(None);
-            }
-        }
-        let page_size = match self.private.is_private(req.pool) {
-            false => self.policy.expandable_page_size(&self.config, req.pool),
-            // Private pools take whole segments, as PyTorch's do; tags' pools map pages.
-            true => self.tag_page_size(req.pool),
-        };
-        if let Some(page_size) = page_size {
-            if self.policy.get().reclaim_before_growth() {
-                let need = req.size.div_ceil(page_size) * page_size;
-                self.reclaim_free_pages(req.pool, need)?;
-            }
-            return self.try_allocate_expandable_block(req, page_size);
-        }
-        let size = req.alloc_size;
-        let ptr = match self.device.malloc(size) {
-            Ok(p) => p,
-            Err(e) if e.is_out_of_memory() => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        self.total_allocated_memory += size;
-        let seg = self.segments.insert(Segment {
-            base: ptr,
-            size,
-            pool: req.pool,
-            stream: req.stream,
-            backing: Backing::Malloc,
-            stack: self.current_stack,
-            oversize: size >= self.config.max_split_size,
-        });
-        self.private.count_segment(req.pool, true);
-        let id = self
-            .blocks
-            .insert(self.new_block(ptr, size, req.stream, req.pool, seg, false));
-        let small = req.small;
-        self.stat_up(Array::Segment, small, 1);
-        self.stat_up(Array::ReservedBytes, small, size);
-        if self.segments[seg].oversize {
-            self.oversize_change(OVERSIZE_SEGMENTS, true);
-        }
-        self.stats.num_device_alloc += 1;
-        self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
-        Ok(Some(id))
-    }
-
-    fn new_block(
-        &self,
-        addr: u64,
-        size: u64,
-        stream: StreamId,
-        pool: PoolId,
-        segment: SegmentId,
-        expandable: bool,
-    ) -> Block {
-        Block {
-            addr,
-            size,
-            requested: 0,
-            stream,
-            pool,
-            segment,
-            prev: None,
-            next: None,
-            allocated: false,
-            mapped: true,
-            event_count: 0,
-            stream_uses: None,
-            gc_count_base: 0,
-            stack: None,
-            expandable,
-            oversize: false,
-        }
     }
 
     /// Hands out `block` for the request, splitting off the rest (PyTorch `alloc_found_block`).

@@ -8,7 +8,7 @@
 //! ## Where things are
 //! | concern | module |
 //! |---|---|
-//! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`] |
+//! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`], [`ids`] |
 //! | best fit in constant time | [`free_index`] |
 //! | address → block, for `free` and `record_stream` | [`pointer_map`] |
 //! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
@@ -36,6 +36,7 @@ pub mod error;
 pub mod format;
 pub mod free_index;
 pub mod history;
+pub mod ids;
 pub mod invariants;
 pub mod lock;
 pub mod pointer_map;
