@@ -8,10 +8,14 @@
 //! sizes: the `k`-th alloc corresponds across traces, and the alignment is *exact*.
 //!
 //! Otherwise each alloc of the base trace (the one at the largest batch) is matched to the alloc
-//! with the same *site* (stream ordinal and recorded stack, hashed by content because stack ids
-//! are per trace) and the same occurrence number of that site in each other trace. An alloc with
-//! no counterpart in some trace is unmatched and keeps its base size. Without recorded stacks a
-//! site is just a stream, which matches by position: the quality report shows how much matched.
+//! with the same *site* and the same occurrence number of that site in each other trace. A site
+//! is the stream ordinal, the recorded stack (hashed by content because stack ids are per trace)
+//! and the lifetime class (short: fewer than 4 allocations made while it lived; long; never
+//! freed): a short-lived workspace and the long-lived output of the same call are different
+//! sites, so an extra workspace at one batch size (an algorithm that needs one) shifts only the
+//! workspaces' numbering. An alloc with no counterpart in some trace is unmatched and keeps its
+//! base size. Without recorded stacks a site is a stream and a lifetime class: the quality report
+//! shows how much matched.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -34,8 +38,8 @@ struct Reduced {
     sig: Vec<Tok>,
     /// Requested size of each alloc, by ordinal.
     sizes: Vec<u64>,
-    /// Site of each alloc, by ordinal.
-    sites: Vec<(u32, u64)>,
+    /// Site of each alloc, by ordinal: stream, stack hash, lifetime class.
+    sites: Vec<(u32, u64, u32)>,
     /// For each event: the ordinal of the alloc it allocates or frees.
     owner: Vec<Option<u32>>,
 }
@@ -60,6 +64,9 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
     let mut live: HashMap<u64, u32> = HashMap::new();
     let mut pending: HashMap<u64, u32> = HashMap::new();
     let mut in_release = false;
+    // Allocations made before each alloc and before its free, for the lifetime classes.
+    let mut born: Vec<u64> = Vec::new();
+    let mut lifetime: Vec<Option<u64>> = Vec::new();
     for (i, e) in dt.events.iter().enumerate() {
         let is_release = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap);
         if is_release && !in_release {
@@ -77,13 +84,16 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
                 };
                 let k = r.sizes.len() as u32;
                 r.sizes.push(e.size);
-                r.sites.push((s, stack_hash(t, e.stack)));
+                r.sites.push((s, stack_hash(t, e.stack), 0));
+                born.push(k as u64);
+                lifetime.push(None);
                 live.insert(e.addr, k);
                 r.owner[i] = Some(k);
                 r.sig.push(Tok::Alloc(s));
             }
             Action::FreeRequested => match live.remove(&e.addr) {
                 Some(k) => {
+                    lifetime[k as usize] = Some(r.sizes.len() as u64 - born[k as usize]);
                     r.owner[i] = Some(k);
                     pending.insert(e.addr, k);
                     r.sig.push(Tok::Free(k));
@@ -98,6 +108,14 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
             }
             _ => {}
         }
+    }
+    for (site, life) in r.sites.iter_mut().zip(&lifetime) {
+        // Coarse on purpose: an extra allocation inside a lifetime must not change its class.
+        site.2 = match life {
+            None => 2,
+            Some(n) if *n < 4 => 0,
+            Some(_) => 1,
+        };
     }
     r
 }
@@ -215,10 +233,10 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
 
 /// Matching by site and occurrence number (see the module doc).
 fn by_site(reduced: &[Reduced], base: usize) -> (Vec<Vec<u64>>, Vec<bool>) {
-    let index: Vec<HashMap<(u32, u64), Vec<u64>>> = reduced
+    let index: Vec<HashMap<(u32, u64, u32), Vec<u64>>> = reduced
         .iter()
         .map(|r| {
-            let mut m: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+            let mut m: HashMap<(u32, u64, u32), Vec<u64>> = HashMap::new();
             for (site, size) in r.sites.iter().zip(&r.sizes) {
                 m.entry(*site).or_default().push(*size);
             }
@@ -226,7 +244,7 @@ fn by_site(reduced: &[Reduced], base: usize) -> (Vec<Vec<u64>>, Vec<bool>) {
         })
         .collect();
     let b = &reduced[base];
-    let mut seen: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut seen: HashMap<(u32, u64, u32), usize> = HashMap::new();
     let mut sizes = Vec::with_capacity(b.sizes.len());
     let mut matched = Vec::with_capacity(b.sizes.len());
     for (site, &own) in b.sites.iter().zip(&b.sizes) {
