@@ -58,7 +58,7 @@ mod release;
 mod settings;
 mod tags;
 pub use ipc::Shared;
-pub use observer::{SegmentChange, SegmentEvent, SegmentObserver};
+pub use observer::{TraceEvent, TraceObserver};
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
 pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
@@ -130,8 +130,8 @@ pub struct Engine<S: StatSink = NoSink> {
     pub(crate) private: private_pools::PrivatePools,
     /// Tagged pools, which can sleep and wake (see [`tags`]).
     pub(crate) tags: tags::Tags,
-    /// Hears segment changes (see [`observer`]).
-    observer: observer::Observer,
+    /// Hears every event (see [`observer`]).
+    pub(crate) observer: observer::Observer,
 }
 
 /// [`Engine::pool`], mutable, from the pools alone (beside a borrow of the blocks).
