@@ -114,6 +114,26 @@ void raw_free(void* ptr) {
   }
 }
 
+// With caching disabled (torch.cuda.caching_allocator_enable(False)) memory comes straight from
+// cudaMalloc and goes back with cudaFree, outside cudamem's pools and statistics, as with
+// torch's allocator.
+void* uncached_alloc(size_t size) {
+  void* p = nullptr;
+  C10_CUDA_CHECK(cudaMalloc(&p, size));
+  return p;
+}
+
+void uncached_free(void* ptr) {
+  if (ptr == nullptr) {
+    return;
+  }
+  cudaError_t err = cudaFree(ptr);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "cudamem: cudaFree of uncached memory failed: %s\n", cudaGetErrorString(err));
+  }
+}
+
 // A private pool's checkpoint (torch.compile's CUDA-graph trees): owns the Rust object.
 struct CudamemPoolState : CCA::AllocatorState {
   explicit CudamemPoolState(void* h, int d) : handle(h), device(d) {}
@@ -193,13 +213,17 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     void* p = nullptr;
+    if (!isEnabled()) {
+      p = size != 0 ? uncached_alloc(size) : nullptr;
+      return {p, p, &uncached_free, cuda_device(device)};
+    }
     if (size != 0) {
       p = malloc(device, size, c10::cuda::getCurrentCUDAStream(device).stream());
     }
     return {p, p, &raw_free, cuda_device(device)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return &raw_free; }
+  c10::DeleterFnPtr raw_deleter() const override { return isEnabled() ? &raw_free : &uncached_free; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
@@ -219,6 +243,9 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     if (nbytes == 0) {
       return nullptr;
     }
+    if (!isEnabled()) {
+      return uncached_alloc(nbytes);
+    }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
@@ -228,12 +255,16 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     if (nbytes == 0) {
       return nullptr;
     }
+    if (!isEnabled()) {
+      return uncached_alloc(nbytes);
+    }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     return malloc(device, nbytes, stream);
   }
 
-  void raw_delete(void* ptr) override { raw_free(ptr); }
+  // As torch's: which of the two a raw pointer came from is told by the setting now.
+  void raw_delete(void* ptr) override { isEnabled() ? raw_free(ptr) : uncached_free(ptr); }
 
   void emptyCache(MempoolId_t mempool_id) override {
     cudamem_history::Scope scope(free_context());  // the stack of its segment frees

@@ -8,6 +8,7 @@
 # Without network, fetch torch's test dependencies first on a machine with it:
 #     python3 -m pip download -d gpu-out/pywheels --only-binary=:all: --python-version 3.12 \
 #         --platform manylinux2014_x86_64 --platform any expecttest psutil hypothesis
+# PYTORCH_TESTS_SELECT replaces the regular expression that picks tests by name.
 # Environment passes through, e.g. PYTORCH_TEST_CUDA_MEM_LEAK_CHECK=1 adds torch's leak check to
 # every test (off unless set). The stored test_cuda.py predates torch 2.11: the plugin fills in the
 # names it imports that 2.11 lacks (listed in the log), so tests relying on those fail in both runs.
@@ -72,7 +73,8 @@ import json, os, re, subprocess, sys, time
 tests, work, deadline, out = os.path.abspath(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
 test_file = os.path.join(tests, "test_cuda.py")
 per_test = float(os.environ.get("CUDAMEM_PYTEST_TEST_TIMEOUT", "60"))
-SELECT = re.compile(r"memory|caching_allocator|allocator|graph|mempool|mem_pool|snapshot|memory_stats"
+SELECT = re.compile(os.environ.get("PYTORCH_TESTS_SELECT") or
+                    r"memory|caching_allocator|allocator|graph|mempool|mem_pool|snapshot|memory_stats"
                     r"|empty_cache|record_stream|fraction|expandable|cudnn", re.I)
 
 
