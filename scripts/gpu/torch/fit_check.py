@@ -2,6 +2,7 @@
 against torch's own, and the predicted largest batch run under a memory cap.
 
     python3 scripts/gpu/torch/fit_check.py [--out DIR] [--only gpt2,bert] [--jobs 4] [--with-cudamem]
+    python3 scripts/gpu/torch/fit_check.py --dry-run     # no GPU: tries the script, not the GPU
 
 For each workload of fit_models.py (GPT-2 small training, ResNet-50 with cudnn.benchmark,
 variable-length BERT inference, generation with a growing KV cache, activation checkpointing):
