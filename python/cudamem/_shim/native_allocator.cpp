@@ -44,6 +44,7 @@
 #include "native_api.h"
 #include "native_history.h"
 #include "native_ipc.h"
+#include "native_records.h"
 
 namespace {
 
@@ -142,71 +143,6 @@ struct CudamemPoolState : CCA::AllocatorState {
   int device;
 };
 
-struct SnapshotSink {
-  std::vector<CCA::SegmentInfo>* segments;
-  MempoolId_t only;  // {0, 0}: every pool
-  cudamem_history::History* history = nullptr;
-  bool keep_current = false;
-  uint64_t next_block = 0;  // the address of the segment's next block
-};
-
-void on_segment(void* ctx, const SegmentRecord* r) {
-  auto* s = static_cast<SnapshotSink*>(ctx);
-  MempoolId_t pool{r->pool_a, r->pool_b};
-  s->keep_current = s->only == MempoolId_t{0, 0} || s->only == pool;
-  if (!s->keep_current) {
-    return;
-  }
-  CCA::SegmentInfo seg;
-  seg.device = static_cast<c10::DeviceIndex>(r->device);
-  seg.address = r->address;
-  seg.total_size = r->total_size;
-  seg.requested_size = r->requested_size;
-  seg.allocated_size = r->allocated_size;
-  seg.active_size = r->active_size;
-  seg.stream = reinterpret_cast<void*>(r->stream);
-  seg.is_large = r->is_large != 0;
-  seg.is_expandable = r->is_expandable != 0;
-  seg.owner_private_pool_id = pool;
-  if (s->history != nullptr) {
-    seg.context_when_allocated = s->history->segment_context(r->address);
-  }
-  s->next_block = r->address;
-  s->segments->push_back(std::move(seg));
-}
-
-void on_block(void* ctx, const BlockRecord* r) {
-  auto* s = static_cast<SnapshotSink*>(ctx);
-  if (!s->keep_current) {
-    return;
-  }
-  CCA::BlockInfo b;
-  b.size = r->size;
-  b.requested_size = r->requested_size;
-  b.allocated = r->allocated != 0;
-  b.active = r->active != 0;
-  if (s->history != nullptr && b.active) {
-    b.context_when_allocated = s->history->block_context(s->next_block);
-  }
-  s->next_block += r->size;
-  s->segments->back().blocks.push_back(std::move(b));
-}
-
-struct RestoreSink {
-  CCA::CheckpointDelta delta;
-  int device;
-};
-
-void on_freed(void* ctx, uint64_t ptr, uint64_t) {
-  static_cast<RestoreSink*>(ctx)->delta.ptrs_freed.push_back(reinterpret_cast<void*>(ptr));
-}
-
-void on_allocated(void* ctx, uint64_t ptr, uint64_t) {
-  auto* s = static_cast<RestoreSink*>(ctx);
-  void* p = reinterpret_cast<void*>(ptr);
-  s->delta.dataptrs_allocd.emplace_back(p, p, &raw_free, cuda_device(s->device));
-}
-
 class CudamemAllocator final : public CCA::CUDAAllocator {
  public:
   c10::DataPtr allocate(size_t size) override {
@@ -282,29 +218,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   CCA::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     int64_t v[kStatsLen];
     check(g_api->stats(device, v, kStatsLen));
-    CCA::DeviceStats s;
-    size_t i = 0;
-    auto stat = [&](c10::CachingAllocator::Stat& st) {
-      st.current = v[i++];
-      st.peak = v[i++];
-      st.allocated = v[i++];
-      st.freed = v[i++];
-    };
-    for (auto* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-      for (auto& st : *a) {
-        stat(st);
-      }
-    }
-    s.num_alloc_retries = v[i++];
-    s.num_ooms = v[i++];
-    stat(s.oversize_allocations);
-    stat(s.oversize_segments);
-    s.num_sync_all_streams = v[i++];
-    s.num_device_alloc = v[i++];
-    s.num_device_free = v[i++];
-    s.max_split_size = v[i++];
-    return s;
+    return cudamem_records::device_stats(v);
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override { g_api->reset_accumulated(device); }
@@ -347,8 +261,8 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   // The engine's segments and blocks, with the contexts and traces of torch's history.
   CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
     CCA::SnapshotInfo info;
-    SnapshotSink sink{&info.segments, mempool_id, &history_};
-    check(g_api->snapshot(&sink, &on_segment, &on_block));
+    cudamem_records::SnapshotSink sink{&info.segments, mempool_id, &history_};
+    check(g_api->snapshot(&sink, &cudamem_records::on_segment, &cudamem_records::on_block));
     uint64_t active = 0;
     for (const auto& seg : info.segments) {
       active += seg.active_size;
@@ -356,19 +270,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     if (include_traces) {
       history_.fill(info, c10::cuda::device_count(), active);
     }
-    auto& md = info.config_metadata;
-    md.garbage_collection_threshold = 0.0;
-    md.max_split_size = std::numeric_limits<size_t>::max();
-    md.pinned_num_register_threads = 1;
-    md.expandable_segments = false;
-    md.release_lock_on_malloc = false;
-    md.pinned_use_host_register = false;
-    md.graph_capture_record_stream_reuse = false;
-    const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-    md.last_allocator_settings = conf != nullptr ? conf : "";
-    for (const auto& seg : info.segments) {
-      md.expandable_segments = md.expandable_segments || seg.is_expandable;
-    }
+    cudamem_records::fill_config_metadata(info);
     return info;
   }
 
@@ -478,11 +380,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   // Trackers hear every event of the engine (ProcessGroupNCCL registers segments with them), as
   // torch calls its trackers under its allocator's mutex (see update_hook).
   void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override {
-    {
-      std::lock_guard<std::mutex> g(trackers_mutex_);
-      trace_trackers_.push_back(std::move(tracker));
-      n_trackers_.fetch_add(1);
-    }
+    trackers_.add(std::move(tracker));
     update_hook();
   }
 
@@ -525,8 +423,9 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
       std::shared_ptr<CCA::AllocatorState> pps) override {
     auto* state = dynamic_cast<CudamemPoolState*>(pps.get());
     TORCH_CHECK(state != nullptr, "cudamem: the checkpoint was not made by cudamem");
-    RestoreSink sink{{}, device};
-    check(g_api->checkpoint_restore(device, state->handle, &sink, &on_freed, &on_allocated));
+    cudamem_records::RestoreSink sink{{}, device, &raw_free};
+    check(g_api->checkpoint_restore(
+        device, state->handle, &sink, &cudamem_records::on_freed, &cudamem_records::on_allocated));
     return std::move(sink.delta);
   }
 
@@ -559,7 +458,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   // The engine's events go to the trackers and torch's history while either listens; with
   // neither the hook is removed and the engine pays nothing.
   void update_hook() {
-    bool want = n_trackers_.load() > 0 || g_history_on.load();
+    bool want = trackers_.any() || g_history_on.load();
     std::lock_guard<std::mutex> g(hook_mutex_);
     if (want != hooked_) {
       check(g_api->set_trace_hook(this, want ? &CudamemAllocator::on_event : nullptr));
@@ -573,20 +472,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     if (g_history_on.load(std::memory_order_relaxed)) {
       a->history_.on_event(act, device, addr, size, stream);
     }
-    if (a->n_trackers_.load(std::memory_order_relaxed) == 0) {
-      return;
-    }
-    CCA::TraceEntry te(
-        act, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream), MempoolId_t{0, 0},
-        c10::getApproximateTime(), cudamem_history::call_context());
-    std::lock_guard<std::mutex> g(a->trackers_mutex_);
-    for (auto& t : a->trace_trackers_) {
-      try {
-        t(te);
-      } catch (const std::exception& e) {  // nothing may unwind into Rust
-        std::fprintf(stderr, "cudamem: an allocator trace tracker failed: %s\n", e.what());
-      }
-    }
+    a->trackers_.call(act, device, addr, size, stream);
   }
 
   void* malloc(int device, size_t size, cudaStream_t stream) {
@@ -647,9 +533,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   std::vector<std::vector<Capture>> captures_;
   std::atomic<int> n_captures_{0};
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
-  std::mutex trackers_mutex_;
-  std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
-  std::atomic<int> n_trackers_{0};
+  cudamem_history::Trackers trackers_;
   std::mutex hook_mutex_;
   bool hooked_ = false;
   cudamem_ipc::Opened ipc_;

@@ -1,4 +1,4 @@
-// Torch's own memory history on the native torch allocator class: recordHistory, snapshot's
+// Torch's own memory history, and torch's trace trackers, on the native torch allocator class: recordHistory, snapshot's
 // device_traces and contexts, recordAnnotation, compile contexts and user metadata, kept in
 // torch's TraceEntry with torch's context recorder, so that torch.cuda.memory._snapshot(),
 // _dump_snapshot, torch::cuda::_memory_snapshot_pickled and torch.cuda._memory_viz work unchanged,
@@ -26,7 +26,9 @@
 
 #include <c10/util/ApproximateClock.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -246,6 +248,39 @@ class History {
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   c10::ApproximateClockToUnixTimeConverter converter_;
+};
+
+// The trackers of attachAllocatorTraceTracker; each event reaches them as a TraceEntry with the
+// call's context. A tracker that throws is reported and the others still hear the event.
+class Trackers {
+ public:
+  void add(CCA::AllocatorTraceTracker t) {
+    std::lock_guard<std::mutex> g(mutex_);
+    trackers_.push_back(std::move(t));
+    n_.fetch_add(1);
+  }
+  bool any() const { return n_.load(std::memory_order_relaxed) > 0; }
+  void call(Action action, int device, uint64_t addr, uint64_t size, uint64_t stream) {
+    if (!any()) {
+      return;
+    }
+    CCA::TraceEntry te(
+        action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream), MempoolId_t{0, 0},
+        c10::getApproximateTime(), call_context());
+    std::lock_guard<std::mutex> g(mutex_);
+    for (auto& t : trackers_) {
+      try {
+        t(te);
+      } catch (const std::exception& e) {  // nothing may unwind into the engine
+        std::fprintf(stderr, "cudamem: an allocator trace tracker failed: %s\n", e.what());
+      }
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<CCA::AllocatorTraceTracker> trackers_;
+  std::atomic<int> n_{0};
 };
 
 }  // namespace cudamem_history
