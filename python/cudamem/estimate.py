@@ -8,6 +8,8 @@ Two ways in:
   order into a trace, which is replayed on the simulated GPU with the ``pytorch`` policy (what
   PyTorch's allocator would reserve) and cudamem's default. ``with recording() as rec:`` does the
   same for a block of code.
+* :func:`largest_batch` records ``fn(batch)`` that way at a few small batches and scales them
+  (below) to the largest batch that fits a GPU, still without one.
 * :func:`scale` takes real traces of one job at two or three batch sizes
   (``torch.cuda.memory._dump_snapshot``) and answers for a larger batch and for a GPU: the peak
   reserved per policy and the largest batch that fits, with how sure it is
@@ -260,6 +262,24 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     with recording(compute_capability=compute_capability) as rec:
         fn(*args, **kwargs)
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)
+
+
+def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequence[int] = (1, 2, 3),
+                  at: Optional[int] = None, policies: Sequence[str] = DEFAULT_POLICIES, degree: int = 1,
+                  compute_capability: int = 9, **kwargs: Any) -> dict:
+    """The largest batch that fits ``device_memory``, without a GPU: ``fn(batch, *args,
+    **kwargs)`` recorded as :func:`estimate` records it at each of ``batches``, then scaled as
+    :func:`scale` scales real traces (``at``: also the peak at that batch)."""
+    if len(batches) < 2:
+        raise ValueError(f"batches: two or more sizes to scale from, got {list(batches)!r}")
+    traces = []
+    for b in batches:
+        with recording(compute_capability=compute_capability) as rec:
+            fn(b, *args, **kwargs)
+        if not rec.builder.events:
+            raise ValueError(f"at batch {b} the recorded code allocated no CUDA memory: nothing to scale")
+        traces.append(rec.builder.snapshot())
+    return scale(traces, list(batches), at=at, capacity=device_memory, policies=policies, degree=degree)
 
 
 @contextlib.contextmanager

@@ -234,3 +234,19 @@ def test_recording_block_command_line_and_saved_trace(tmp_path, capsys):
     assert est.main([f"{script}:run", "--device-memory", "24GiB", "--json", "--policy", "pytorch"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["policies"][0]["policy"] == "pytorch" and out["peak_requested_bytes"] == 4 << 20
+
+
+@needs_torch
+def test_largest_batch_without_a_gpu():
+    import torch
+
+    def job(batch):
+        keep = [torch.empty(batch << 20, dtype=torch.uint8, device="cuda") for _ in range(3)]
+        del keep
+
+    r = est.largest_batch(job, "1GiB", batches=(2, 4, 8), at=16, policies=["pytorch"])
+    assert r["quality"]["exact_alignment"] and r["at"][0]["batch"] == 16
+    b = r["largest"][0]["largest_batch"]
+    assert 300 < b < 342, b  # three allocations of b MiB, rounded up to 2 MiB, in 1 GiB
+    with pytest.raises(ValueError, match="two or more"):
+        est.largest_batch(job, "1GiB", batches=(2,))

@@ -67,6 +67,12 @@ def child(argv):
 
         e = cudamem.estimate(fn, a.batch, torch.device("cuda"), policies=["pytorch", "cudamem"])
         out = e.as_dict()
+        # The GPU-free largest batch too (recorded at the scaling batches, then scaled), for
+        # comparison with the one predicted from real traces.
+        batches = fit_models.WORKLOADS[a.workload][1]
+        out["largest"] = {label: cudamem.estimate.largest_batch(fn, cap, torch.device("cuda"), batches=batches,
+                                                               policies=["pytorch"])["largest"][0]
+                          for label, cap in CAPACITIES}
         out["seconds"] = time.perf_counter() - t0
         out["cuda_available"] = torch.cuda.is_available()
         print("RESULT " + json.dumps(out))
