@@ -70,8 +70,13 @@ def child(argv):
         # The GPU-free largest batch too (recorded at the scaling batches, then scaled), for
         # comparison with the one predicted from real traces.
         batches = fit_models.WORKLOADS[a.workload][1]
-        out["largest"] = {label: cudamem.estimate.largest_batch(fn, cap, torch.device("cuda"), batches=batches,
-                                                               policies=["pytorch"])["largest"][0]
+        traces = []
+        for b in batches:
+            with cudamem.estimate.recording() as rec:
+                fn(b, torch.device("cuda"))
+            traces.append(rec.builder.snapshot())
+        out["largest"] = {label: cudamem.estimate.scale(traces, list(batches), capacity=cap,
+                                                        policies=["pytorch"])["largest"][0]
                           for label, cap in CAPACITIES}
         out["seconds"] = time.perf_counter() - t0
         out["cuda_available"] = torch.cuda.is_available()
