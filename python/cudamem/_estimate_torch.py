@@ -42,9 +42,10 @@ from .estimate import TraceBuilder, _estimate_from, cublas_workspace_bytes
 
 META = torch.device("meta")
 
-# aten ops (overload packet names) that call cuBLAS on CUDA.
+# aten ops (overload packet names) that call cuBLAS on CUDA. Composite ones (linear, matmul,
+# einsum) reach the mode whole under inference_mode, where autograd does not decompose them first.
 _CUBLAS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "_scaled_mm",
-           "addmm_", "baddbmm_", "_addmm_activation", "matmul"}
+           "addmm_", "baddbmm_", "_addmm_activation", "matmul", "linear", "einsum", "bilinear", "tensordot"}
 _CUDNN = {"convolution", "cudnn_convolution", "convolution_backward", "cudnn_batch_norm",
           "_cudnn_rnn", "cudnn_convolution_transpose"}
 _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",

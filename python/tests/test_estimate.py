@@ -250,3 +250,17 @@ def test_largest_batch_without_a_gpu():
     assert 300 < b < 342, b  # three allocations of b MiB, rounded up to 2 MiB, in 1 GiB
     with pytest.raises(ValueError, match="two or more"):
         est.largest_batch(job, "1GiB", batches=(2,))
+
+
+@needs_torch
+def test_inference_mode_gets_one_cublas_workspace():
+    import torch
+
+    def infer():
+        lin = torch.nn.Linear(32, 32).cuda().half()
+        with torch.inference_mode():
+            lin(torch.randn(2, 5, 32, device="cuda", dtype=torch.half))
+
+    e = est.estimate(infer, policies=["pytorch"])
+    names = [ev["frames"][0]["name"] for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
+    assert names.count("cuBLAS workspace") == 1
