@@ -83,6 +83,22 @@ def cublas_workspace_bytes(config: Optional[str] = None, major: int = 9) -> int:
     return 4096 * 1024 * 8 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+def cublaslt_workspace_bytes(config: Optional[str] = None) -> int:
+    """The cuBLASLt workspace torch allocates once per stream, next to the first cuBLAS
+    workspace: ``CUBLASLT_WORKSPACE_SIZE`` KiB, 1024 by default."""
+    if config is None:
+        config = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
+    if not config:
+        return 1024 * 1024
+    try:
+        kib = int(config)
+    except ValueError:
+        raise ValueError(f"CUBLASLT_WORKSPACE_SIZE={config!r}: expected a size in KiB") from None
+    if kib < 0:
+        raise ValueError(f"CUBLASLT_WORKSPACE_SIZE={config!r}: a size cannot be negative")
+    return kib * 1024
+
+
 class TraceBuilder:
     """Allocation events in program order, written as a PyTorch memory snapshot.
 

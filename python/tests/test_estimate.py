@@ -48,6 +48,14 @@ def test_cublas_workspace_follows_the_config_and_the_architecture():
             est.cublas_workspace_bytes(bad)
 
 
+def test_cublaslt_workspace_follows_its_variable():
+    assert est.cublaslt_workspace_bytes("") == MIB
+    assert est.cublaslt_workspace_bytes("4096") == 4 * MIB
+    for bad in ("x", "-1"):
+        with pytest.raises(ValueError, match="CUBLASLT_WORKSPACE_SIZE"):
+            est.cublaslt_workspace_bytes(bad)
+
+
 def test_capacities_by_size_or_name_and_their_errors():
     assert est.capacity_bytes("24GiB") == 24 << 30
     assert est.capacity_bytes("h200") == 150_109_880_320
@@ -166,6 +174,9 @@ def test_recorder_sees_allocations_frees_and_saved_tensors():
     names = [ev["frames"][0]["name"] for ev in events if ev["action"] == "alloc"]
     # Forward and backward each get a cuBLAS workspace, as torch's per-thread handles do.
     assert names.count("cuBLAS workspace") == 2
+    # As in torch's traces: cuBLAS, then cuBLASLt once, at the first product.
+    first = names.index("cuBLAS workspace")
+    assert names[first + 1] == "cuBLASLt workspace" and names.count("cuBLASLt workspace") == 1
     frees = sum(ev["action"] == "free_requested" for ev in events)
     assert 0 < frees < len(sizes)
     assert e.peak_reserved["pytorch"] >= e.peak_requested > 0
