@@ -37,6 +37,7 @@ pub mod ffi;
 pub mod history;
 pub mod ipc;
 pub mod native;
+pub mod pool_allocator;
 pub mod registry;
 mod reports;
 mod sleep;

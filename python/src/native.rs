@@ -27,10 +27,11 @@ use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
 use crate::history;
 use crate::ipc;
 use crate::registry;
+use crate::pool_allocator;
 use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 6;
+pub const NATIVE_API_VERSION: u32 = 7;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -96,6 +97,17 @@ pub struct NativeApi {
     /// `(ctx, hook or NULL) -> kind`: every event to the class's trackers and torch history
     /// (see [`crate::trackers`]).
     pub set_trace_hook: unsafe extern "C" fn(*mut c_void, Option<trackers::TraceHook>) -> c_int,
+    /// `(device, a, b, ctx, alloc, free, drop) -> kind`: a `MemPool` with an allocator of its own
+    /// (see [`crate::pool_allocator`]).
+    pub pool_create_with: unsafe extern "C" fn(
+        c_int,
+        u64,
+        u64,
+        *mut c_void,
+        pool_allocator::AllocFn,
+        pool_allocator::FreeFn,
+        pool_allocator::DropFn,
+    ) -> c_int,
 }
 
 /// One segment of a snapshot, as c10's `SegmentInfo` wants it.
@@ -161,6 +173,7 @@ static API: NativeApi = NativeApi {
     ipc_open: ipc::nat_ipc_open,
     ipc_close: ipc::nat_ipc_close,
     set_trace_hook: trackers::nat_set_trace_hook,
+    pool_create_with: pool_allocator::nat_pool_create_with,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.

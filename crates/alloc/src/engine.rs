@@ -53,6 +53,7 @@ mod grow;
 pub mod hook;
 mod ipc;
 mod observer;
+mod pool_sources;
 mod private_pools;
 mod release;
 mod settings;
@@ -240,6 +241,11 @@ impl<S: StatSink> Engine<S> {
             }
         }
         let Some(block) = block else {
+            if pool_offset == 0 {
+                if let Some(p) = self.malloc_from_use_on_oom_pools(orig_size, stream) {
+                    return Ok(Attempt::Done(p));
+                }
+            }
             return Err(self.raise_oom(&req, orig_size));
         };
         Ok(Attempt::Done(self.hand_out(block, &req, orig_size)))

@@ -257,3 +257,77 @@ fn a_checkpoint_restores_the_pools_allocations_at_their_addresses() {
     a.free(z).unwrap();
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn a_pool_with_its_own_segment_source_takes_and_returns_segments_there() {
+    for &policy in POLICIES {
+        let (sim, a) = setup(policy, EventMode::Immediate);
+        let ext = Arc::new(SimDevice::new(SimConfig {
+            index: 1, // another address range
+            capacity: 1 << 30,
+            ..SimConfig::default()
+        }));
+        let mut e = a.lock();
+        e.create_or_incref_pool_with(G1, Some(ext.clone())).unwrap();
+        let slot = e.begin_allocate_to_pool(G1).unwrap();
+        let p = e.malloc_in_pool(4 * MIB, S0, slot).unwrap();
+        e.end_allocate_to_pool(G1).unwrap();
+        assert_eq!((ext.counters().mallocs, sim.counters().mallocs), (1, 0), "{policy}");
+        assert!(
+            e.stats().reserved_bytes.all().current > 0,
+            "{policy}: its segments count as reserved"
+        );
+        let q = e.malloc(4 * MIB, S0).unwrap(); // the default pools still use the engine's device
+        let main = |c: cudamem_device::DeviceCounters| c.mallocs + c.maps;
+        assert_eq!(ext.counters().mallocs, 1, "{policy}");
+        assert!(main(sim.counters()) >= 1, "{policy}");
+        // The pool object and the caller's allocator may go first; the tensor keeps the pool.
+        e.release_pool(G1).unwrap();
+        e.release_pool(G1).unwrap();
+        e.empty_cache().unwrap();
+        assert_eq!(ext.counters().frees, 0, "{policy}: a live block keeps its segment");
+        e.free(p).unwrap();
+        e.free(q).unwrap();
+        e.empty_cache().unwrap();
+        assert_eq!(ext.counters().frees, 1, "{policy}");
+        assert_eq!(e.stats().reserved_bytes.all().current, 0, "{policy}");
+        drop(e);
+        a.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn use_on_oom_pools_serve_default_allocations_that_would_fail() {
+    let small = || {
+        Arc::new(SimDevice::new(SimConfig {
+            capacity: 100 * MIB,
+            ..SimConfig::default()
+        }))
+    };
+    for use_on_oom in [true, false] {
+        let sim = small();
+        let a = CachingAllocator::with_policy(sim.clone(), AllocatorConfig::default(), "pytorch").unwrap();
+        let mut e = a.lock();
+        let slot = e.begin_allocate_to_pool(G2).unwrap();
+        let b = e.malloc_in_pool(40 * MIB, S0, slot).unwrap();
+        e.end_allocate_to_pool(G2).unwrap();
+        e.set_use_on_oom(G2, use_on_oom).unwrap();
+        e.free(b).unwrap(); // cached in the pool
+        let d = e.malloc(60 * MIB, S0).unwrap(); // the device is full now
+        let c = e.malloc(30 * MIB, S0);
+        if use_on_oom {
+            let c = c.unwrap();
+            assert_eq!(c, b, "the pool's cached block serves it");
+            e.free(c).unwrap();
+            // Back in the pool: the next default allocation finds it again, a pool allocation too.
+            let slot = e.begin_allocate_to_pool(G2).unwrap();
+            assert_eq!(e.malloc_in_pool(20 * MIB, S0, slot).unwrap(), b);
+            e.end_allocate_to_pool(G2).unwrap();
+        } else {
+            assert!(matches!(c, Err(AllocError::OutOfMemory(_))), "{c:?}");
+        }
+        e.free(d).unwrap();
+        drop(e);
+        a.check_invariants().unwrap();
+    }
+}

@@ -44,6 +44,7 @@
 #include "native_api.h"
 #include "native_history.h"
 #include "native_ipc.h"
+#include "native_memory.h"
 #include "native_records.h"
 
 namespace {
@@ -115,26 +116,6 @@ void raw_free(void* ptr) {
   }
 }
 
-// With caching disabled (torch.cuda.caching_allocator_enable(False)) memory comes straight from
-// cudaMalloc and goes back with cudaFree, outside cudamem's pools and statistics, as with
-// torch's allocator.
-void* uncached_alloc(size_t size) {
-  void* p = nullptr;
-  C10_CUDA_CHECK(cudaMalloc(&p, size));
-  return p;
-}
-
-void uncached_free(void* ptr) {
-  if (ptr == nullptr) {
-    return;
-  }
-  cudaError_t err = cudaFree(ptr);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    std::fprintf(stderr, "cudamem: cudaFree of uncached memory failed: %s\n", cudaGetErrorString(err));
-  }
-}
-
 // A private pool's checkpoint (torch.compile's CUDA-graph trees): owns the Rust object.
 struct CudamemPoolState : CCA::AllocatorState {
   explicit CudamemPoolState(void* h, int d) : handle(h), device(d) {}
@@ -150,8 +131,8 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     void* p = nullptr;
     if (!isEnabled()) {
-      p = size != 0 ? uncached_alloc(size) : nullptr;
-      return {p, p, &uncached_free, cuda_device(device)};
+      p = size != 0 ? cudamem_memory::uncached_alloc(size) : nullptr;
+      return {p, p, &cudamem_memory::uncached_free, cuda_device(device)};
     }
     if (size != 0) {
       p = malloc(device, size, c10::cuda::getCurrentCUDAStream(device).stream());
@@ -159,7 +140,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return {p, p, &raw_free, cuda_device(device)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return isEnabled() ? &raw_free : &uncached_free; }
+  c10::DeleterFnPtr raw_deleter() const override { return isEnabled() ? &raw_free : &cudamem_memory::uncached_free; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
@@ -180,7 +161,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
       return nullptr;
     }
     if (!isEnabled()) {
-      return uncached_alloc(nbytes);
+      return cudamem_memory::uncached_alloc(nbytes);
     }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
@@ -192,7 +173,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
       return nullptr;
     }
     if (!isEnabled()) {
-      return uncached_alloc(nbytes);
+      return cudamem_memory::uncached_alloc(nbytes);
     }
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
@@ -200,7 +181,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   }
 
   // As torch's: which of the two a raw pointer came from is told by the setting now.
-  void raw_delete(void* ptr) override { isEnabled() ? raw_free(ptr) : uncached_free(ptr); }
+  void raw_delete(void* ptr) override { isEnabled() ? raw_free(ptr) : cudamem_memory::uncached_free(ptr); }
 
   void emptyCache(MempoolId_t mempool_id) override {
     cudamem_history::Scope scope(free_context());  // the stack of its segment frees
@@ -309,15 +290,19 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     return g_api->pool_use_count(device, mempool_id.first, mempool_id.second);
   }
 
+  // A MemPool with an allocator of its own takes its segments from that allocator (torch's
+  // rule); the pool keeps the allocator alive while it holds segments.
   void createOrIncrefPool(
       c10::DeviceIndex device,
       MempoolId_t mempool_id,
       std::shared_ptr<CCA::CUDAAllocator> allocator) override {
-    TORCH_CHECK(
-        allocator == nullptr,
-        "cudamem: a torch.cuda.MemPool with an allocator of its own is not supported while cudamem is "
-        "torch's allocator; create the MemPool without one");
-    check(g_api->pool_create(device, mempool_id.first, mempool_id.second));
+    if (allocator == nullptr) {
+      check(g_api->pool_create(device, mempool_id.first, mempool_id.second));
+      return;
+    }
+    auto* held = new std::shared_ptr<CCA::CUDAAllocator>(std::move(allocator));
+    check(g_api->pool_create_with(
+        device, mempool_id.first, mempool_id.second, held, &cudamem_memory::pool_alloc, &cudamem_memory::pool_free, &cudamem_memory::pool_drop));
   }
 
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-constexpr uint32_t kApiVersion = 6;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 7;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
@@ -29,6 +29,10 @@ using BlockSink = void (*)(void*, const BlockRecord*);
 using ByteSink = void (*)(void*, const uint8_t*, size_t);
 // (ctx, device, c10 TraceEntry::Action, addr, size, stream): trackers::TraceHook.
 using TraceHook = void (*)(void*, int, int, uint64_t, uint64_t, uint64_t);
+// A MemPool's allocator (pool_allocator::AllocFn, FreeFn, DropFn).
+using PoolAllocFn = void* (*)(void*, size_t, int);
+using PoolFreeFn = void (*)(void*, void*, size_t, int);
+using PoolDropFn = void (*)(void*);
 
 // Field for field the Rust struct `native::NativeApi`.
 struct NativeApi {
@@ -64,4 +68,5 @@ struct NativeApi {
   int (*ipc_open)(int, const uint8_t*, size_t, uint64_t*, int*);
   int (*ipc_close)(int, uint64_t, int);
   int (*set_trace_hook)(void*, TraceHook);
+  int (*pool_create_with)(int, uint64_t, uint64_t, void*, PoolAllocFn, PoolFreeFn, PoolDropFn);
 };

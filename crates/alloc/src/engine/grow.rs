@@ -74,7 +74,7 @@ impl<S: StatSink> Engine<S> {
             return self.try_allocate_expandable_block(req, page_size);
         }
         let size = req.alloc_size;
-        let ptr = match self.device.malloc(size) {
+        let ptr = match self.segment_device(req.pool).malloc(size) {
             Ok(p) => p,
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e.into()),

@@ -49,24 +49,27 @@ pub type MempoolId = (u64, u64);
 pub struct PoolSlot(pub u16);
 
 #[derive(Debug)]
-struct PrivatePool {
-    id: MempoolId,
+pub(super) struct PrivatePool {
+    pub(super) id: MempoolId,
     /// Captures, `MemPool` objects and `use_mem_pool` contexts using the pool.
-    use_count: u32,
+    pub(super) use_count: u32,
     /// Device segments the pool holds.
     segments: u32,
     /// A capture or context is allocating to it now.
     recording: bool,
-    /// Set by `set_use_on_oom`; kept for the caller (the engine does not borrow from pools).
-    use_on_oom: bool,
+    /// Set by `set_use_on_oom`: the pool's cached blocks serve default-pool allocations that
+    /// would otherwise fail (see `pool_sources`).
+    pub(super) use_on_oom: bool,
+    /// Where the pool's segments come from, if not the engine's device (see `pool_sources`).
+    pub(super) segments_from: Option<std::sync::Arc<dyn cudamem_device::Device>>,
 }
 
 /// The engine's private pools. See the [module documentation](self).
 #[derive(Debug, Default)]
 pub(crate) struct PrivatePools {
     /// The policy's pool count: slot `k` owns engine pools `base·(k+1) .. base·(k+2)`.
-    base: u16,
-    slots: Vec<Option<PrivatePool>>,
+    pub(super) base: u16,
+    pub(super) slots: Vec<Option<PrivatePool>>,
     /// Open captures and pool contexts (PyTorch's `captures_underway`).
     pub(crate) active: u32,
     /// Blocks freed while `active > 0` whose stream events are not recorded yet.
@@ -87,11 +90,11 @@ impl PrivatePools {
         p.0 >= self.base
     }
 
-    fn slot_of_pool(&self, p: PoolId) -> usize {
+    pub(super) fn slot_of_pool(&self, p: PoolId) -> usize {
         (p.0 / self.base - 1) as usize
     }
 
-    fn find(&self, id: MempoolId) -> Option<usize> {
+    pub(super) fn find(&self, id: MempoolId) -> Option<usize> {
         self.slots.iter().position(|s| s.as_ref().is_some_and(|s| s.id == id))
     }
 
@@ -101,7 +104,7 @@ impl PrivatePools {
             .ok_or_else(|| AllocError::InvalidArgument(format!("no private memory pool with id ({}, {})", id.0, id.1)))
     }
 
-    fn pool(&mut self, slot: usize) -> &mut PrivatePool {
+    pub(super) fn pool(&mut self, slot: usize) -> &mut PrivatePool {
         self.slots[slot].as_mut().expect("a found slot is occupied")
     }
 
@@ -214,6 +217,7 @@ impl<S: StatSink> Engine<S> {
             segments: 0,
             recording: false,
             use_on_oom: false,
+            segments_from: None,
         });
         Ok(PoolSlot(slot as u16))
     }
@@ -278,7 +282,7 @@ impl<S: StatSink> Engine<S> {
             .map(|s| self.private.slots[s].as_ref().unwrap().use_count)
     }
 
-    /// Keeps `use_on_oom` for pool `id` (`torch.cuda.MemPool(use_on_oom=...)`).
+    /// Sets `use_on_oom` for pool `id` (`torch.cuda.MemPool(use_on_oom=...)`).
     pub fn set_use_on_oom(&mut self, id: MempoolId, use_on_oom: bool) -> Result<(), AllocError> {
         let s = self.private.get(id)?;
         self.private.pool(s).use_on_oom = use_on_oom;

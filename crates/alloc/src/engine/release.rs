@@ -72,7 +72,7 @@ impl<S: StatSink> Engine<S> {
             (b.addr, b.size, b.stream, b.pool, b.segment)
         };
         let seg_stack = self.segments[seg].stack;
-        self.device.free(addr, size)?;
+        self.segment_device(pool).free(addr, size)?;
         self.stats.num_device_free += 1;
         self.trace(Action::SegmentFree, addr, size, stream, seg_stack);
         self.total_allocated_memory -= size;
