@@ -26,8 +26,8 @@ use cudamem_device::StreamId;
 use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
 use crate::history;
 use crate::ipc;
-use crate::registry;
 use crate::pool_allocator;
+use crate::registry;
 use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
