@@ -10,7 +10,7 @@ Design. Two modes wrap the recorded code:
   dispatcher: ``torch.autocast("cuda")`` (torch disables it without a GPU) is emulated with
   CUDA's cast lists and its cache of casted weights, and ``scaled_dot_product_attention`` takes
   the fused kernel CUDA would pick (flash for half types, memory-efficient otherwise) instead of
-  the math path that materialises the attention matrix.
+  the math path that materialises the attention matrix; dropout keeps CUDA's one-byte mask.
 * a ``TorchDispatchMode`` (:class:`_Track`) sees every aten op after decomposition, in program
   order, on the calling thread (the backward pass too: on the CPU the autograd engine runs in the
   caller's thread). Each new storage an op returns is an allocation of its ``nbytes``; a
@@ -118,6 +118,8 @@ class _Redirect(TorchFunctionMode):
                 return F.nll_loss(F.log_softmax(args[0], dim, dtype=torch.float32), *args[1:], **kw)
         if func is F.scaled_dot_product_attention:
             return _sdpa(*args, **kwargs)
+        if func is F.dropout:
+            return _dropout(*args, **kwargs)
         if func is torch.Tensor.backward:
             # This mode is off while it handles a call, and the backward pass can run Python that
             # needs it (activation checkpointing's recomputation): back on for the duration, around
@@ -164,6 +166,14 @@ def _backward(rec: "Recorder", tensor, gradient=None, retain_graph=None, create_
 
 def _eligible(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "meta" and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    """CUDA's dropout: native_dropout, whose mask (kept for backward) is one byte an element;
+    elsewhere dropout multiplies by a noise tensor of the input's dtype."""
+    if not training or p == 0.0 or inplace or input.device.type != "meta":
+        return F.dropout(input, p, training, inplace)
+    return torch.ops.aten.native_dropout(input, p, True)[0]
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

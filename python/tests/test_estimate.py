@@ -275,3 +275,18 @@ def test_inference_mode_gets_one_cublas_workspace():
     e = est.estimate(infer, policies=["pytorch"])
     names = [ev["frames"][0]["name"] for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
     assert names.count("cuBLAS workspace") == 1
+
+
+@needs_torch
+def test_dropout_keeps_cudas_one_byte_mask():
+    import torch
+    import torch.nn.functional as F
+
+    def step():
+        x = torch.randn(1000, 64, device="cuda", requires_grad=True)
+        F.dropout(x, 0.1, training=True).sum().backward()
+
+    e = est.estimate(step, policies=["pytorch"])
+    sizes = [ev["size"] for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
+    assert 1000 * 64 in sizes  # the bool mask
+    assert sizes.count(1000 * 64 * 4) == 3  # x, the output, x's gradient: no fp32 noise tensor
