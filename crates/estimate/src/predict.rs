@@ -259,7 +259,7 @@ pub fn largest_batch(model: &ScaleModel, opts: &ReplayOptions, capacity: u64, li
         return Ok(none);
     }
     let (mut lo, mut hi) = (1u64, None::<u64>);
-    let mut probe = model.base_batch().clamp(2, limit);
+    let mut probe = model.base_batch().max(2).min(limit);
     while hi.is_none() {
         if probe <= lo {
             break;

@@ -148,6 +148,12 @@ fn the_largest_batch_fits_and_the_next_does_not() {
     }
     let tiny = largest_batch(&m, &opts("pytorch"), 64 * MIB, 100).unwrap();
     assert_eq!(tiny.batch, None);
+    // A search limit below the recorded batches stops there.
+    for limit in [0, 1, 3] {
+        let l = largest_batch(&m, &opts("pytorch"), cap, limit).unwrap();
+        assert_eq!(l.batch, Some(limit.max(1)));
+        assert!(l.limit_reached);
+    }
 }
 
 #[test]
