@@ -237,3 +237,30 @@ fn a_real_trace_recorded_twice_scales_to_itself() {
         assert_eq!(p.peak_reserved, own_peak(&t, policy, 1 << 40).0);
     }
 }
+
+fn fixture(b: u64) -> Trace {
+    let p = format!("{}/tests/data/tiny_gpt_b{b}.pickle.gz", env!("CARGO_MANIFEST_DIR"));
+    cudamem_trace::read_path(std::path::Path::new(&p)).unwrap()
+}
+
+#[test]
+fn a_recorded_transformer_at_batch_1_2_3_predicts_its_batch_8() {
+    // Shipped recordings of one small training job (tests/data/make.py): the op sequence of a
+    // real model, with autocast casts, attention, optimizer state and cuBLAS workspaces.
+    let traces = vec![fixture(1), fixture(2), fixture(3)];
+    let truth = fixture(8);
+    let m = ScaleModel::learn(&traces, &[1, 2, 3], 1).unwrap();
+    let q = m.quality(8);
+    assert!(q.exact_alignment, "the same program at every batch size aligns exactly");
+    assert!(q.residual_share < 1e-9 && q.scaling > 0);
+    for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
+        let p = peak_at(&m, 8, &opts(policy)).unwrap();
+        assert_eq!(p.peak_reserved, own_peak(&truth, policy, 1 << 40).0, "{policy}");
+    }
+    assert_eq!(holdout(&traces, &[1, 2, 3], 1, &opts("pytorch")).unwrap(), Some(0.0));
+    // On a GPU just big enough for batch 8, batch 8 is the largest that fits.
+    let cap = own_peak(&truth, "pytorch", 1 << 40).0;
+    let l = largest_batch(&m, &opts("pytorch"), cap, 1 << 10).unwrap();
+    assert!(l.batch.unwrap() >= 8, "{l:?}");
+    assert_eq!(own_peak(&truth, "pytorch", cap).1, 0);
+}
