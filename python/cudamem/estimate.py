@@ -275,6 +275,8 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     read tensor values (``.item()``, data-dependent shapes): there are none. ``device_memory``
     (bytes, ``"24GiB"`` or a GPU name) also says whether it fits; ``compute_capability`` is the
     GPU's major version, for the cuBLAS workspace size."""
+    if not callable(fn):
+        raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
     with recording(compute_capability=compute_capability) as rec:
         fn(*args, **kwargs)
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)
@@ -286,6 +288,8 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
     """The largest batch that fits ``device_memory``, without a GPU: ``fn(batch, *args,
     **kwargs)`` recorded as :func:`estimate` records it at each of ``batches``, then scaled as
     :func:`scale` scales real traces (``at``: also the peak at that batch)."""
+    if not callable(fn):
+        raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
     if len(batches) < 2:
         raise ValueError(f"batches: two or more sizes to scale from, got {list(batches)!r}")
     traces = []

@@ -146,6 +146,15 @@ def test_command_line_errors(capsys):
         est.main(["missing-colon"])
 
 
+def test_wrong_functions_and_policies_are_named():
+    with pytest.raises(ValueError, match="fn: expected the function"):
+        cudamem.estimate(42)
+    with pytest.raises(ValueError, match="fn: expected the function"):
+        est.largest_batch("job", "24GiB")
+    with pytest.raises(ValueError, match="nope"):
+        est.replay(job(1).snapshot(), ["nope"])
+
+
 def test_the_module_is_callable_and_needs_torch_only_to_record():
     assert callable(cudamem.estimate) and cudamem.estimate is est
     if not HAVE_TORCH:
