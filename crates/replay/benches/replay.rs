@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use cudamem_alloc::policy::registry;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
@@ -31,7 +32,7 @@ fn replay(c: &mut Criterion) {
         let trace = cudamem_trace::read_path(&path).unwrap();
         let p = Program::compile(&trace.devices[0]);
         g.throughput(Throughput::Elements(p.trace_ops));
-        for policy in ["pytorch", "pytorch-expandable", "cudamem"] {
+        for policy in registry::default_policies().split(',') {
             let opts = ReplayOptions {
                 policy: policy.into(),
                 ..ReplayOptions::default()
@@ -40,7 +41,7 @@ fn replay(c: &mut Criterion) {
             let mut slots = vec![0u64; p.slots as usize];
             g.bench_function(format!("{name}/{policy}"), |b| {
                 b.iter_batched(
-                    || new_allocator(&p, &cfg, &opts, policy == "pytorch").unwrap(),
+                    || new_allocator(&p, &cfg, &opts, registry::replays_recorded_decisions(policy)).unwrap(),
                     |(target, alloc)| {
                         let mut e = alloc.lock();
                         run_once(&p, &mut e, &target, &mut slots, false)

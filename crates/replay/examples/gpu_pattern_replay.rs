@@ -201,7 +201,10 @@ fn parse_args() -> Result<Args, String> {
         traces: PathBuf::from("tests/data"),
         min_ops: 1_000_000,
         streams: 4,
-        policies: vec!["pytorch".into(), "pytorch-expandable".into(), "cudamem".into()],
+        policies: cudamem_alloc::policy::registry::default_policies()
+            .split(',')
+            .map(str::to_string)
+            .collect(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {

@@ -28,7 +28,15 @@ fn main() {
     let mut first = None;
     for _ in 0..passes {
         if !warm || first.is_none() {
-            first = Some(new_allocator(&p, &cfg, &opts, policy == "pytorch").unwrap());
+            first = Some(
+                new_allocator(
+                    &p,
+                    &cfg,
+                    &opts,
+                    cudamem_alloc::policy::registry::replays_recorded_decisions(&policy),
+                )
+                .unwrap(),
+            );
         }
         let (target, alloc) = first.as_ref().unwrap();
         let mut e = alloc.lock();
