@@ -469,8 +469,10 @@ def viz(
 
 
 def __getattr__(name: str):
-    # `cudamem.torch` without importing torch (or the submodule) when cudamem is imported.
-    if name == "torch":
+    # `cudamem.torch` without importing torch (or the submodule) when cudamem is imported;
+    # `cudamem.estimate` (a callable module) on first use, so that `python -m cudamem.estimate`
+    # runs it fresh.
+    if name in ("torch", "estimate"):
         import importlib
 
         return importlib.import_module(__name__ + ".torch")
@@ -478,4 +480,3 @@ def __getattr__(name: str):
 
 
 from cudamem._sleep import sleep, sleep_stats, tag, wake_up  # noqa: E402
-from cudamem import estimate  # noqa: E402,F401  (callable: cudamem.estimate(fn, ...))
