@@ -475,7 +475,7 @@ def __getattr__(name: str):
     if name in ("torch", "estimate"):
         import importlib
 
-        return importlib.import_module(__name__ + ".torch")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

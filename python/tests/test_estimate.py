@@ -5,6 +5,8 @@ reason otherwise)."""
 import importlib.util
 import json
 import pickle
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -157,6 +159,9 @@ def test_wrong_functions_and_policies_are_named():
 
 def test_the_module_is_callable_and_needs_torch_only_to_record():
     assert callable(cudamem.estimate) and cudamem.estimate is est
+    # Reached from the package alone, in a fresh interpreter, too.
+    code = "import cudamem; import sys; assert callable(cudamem.estimate) and cudamem.torch.__name__ == 'cudamem.torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
     if not HAVE_TORCH:
         with pytest.raises(RuntimeError, match="needs torch"):
             cudamem.estimate(lambda: None)
