@@ -244,12 +244,8 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     CCA::SnapshotInfo info;
     cudamem_records::SnapshotSink sink{&info.segments, mempool_id, &history_};
     check(g_api->snapshot(&sink, &cudamem_records::on_segment, &cudamem_records::on_block));
-    uint64_t active = 0;
-    for (const auto& seg : info.segments) {
-      active += seg.active_size;
-    }
     if (include_traces) {
-      history_.fill(info, c10::cuda::device_count(), active);
+      history_.fill(info, c10::cuda::device_count());
     }
     cudamem_records::fill_config_metadata(info);
     return info;
@@ -345,7 +341,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
       bool clearHistory,
       const std::vector<std::string>& skip_actions) override {
     history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
-    g_history_on.store(enabled && when != CCA::RecordContext::NEVER);
+    g_history_on.store(enabled);
     update_hook();
     check(g_api->record_history(
         enabled ? 1 : 0, static_cast<int>(when), static_cast<uint64_t>(alloc_trace_max_entries), clearHistory ? 1 : 0));

@@ -14,9 +14,11 @@
 //   free_completed, segment_free, segment_unmap, oom) arrive through the trace hook on the same
 //   thread and take that context (Scope); a block's free events without one take the block's
 //   allocation context.
-// * Trace entries are kept (at most max_entries per device, oldest dropped first) from
-//   context "alloc" on, minus skip_actions; block and segment contexts from "state" on. Times
-//   are torch's approximate clock, turned into microseconds at snapshot.
+// * Trace entries are kept while recording is enabled, whatever the context (at most
+//   max_entries per device, oldest dropped first), minus skip_actions, each with the compile
+//   context on top ("N/A" when none) and the user metadata set at the time; block and segment
+//   contexts from context "state" on. Times are torch's approximate clock, turned into
+//   microseconds at snapshot.
 // * The hook runs under the engine's lock; this history's mutex is taken inside it and never
 //   held while calling the engine.
 //
@@ -72,6 +74,7 @@ class History {
       skip.insert(CDA::parseTraceEntryAction(a));  // throws on an unknown name, as torch does
     }
     std::lock_guard<std::mutex> g(mutex_);
+    enabled_ = enabled;
     when_ = enabled ? when : CCA::RecordContext::NEVER;
     recorder_ = enabled ? recorder : nullptr;
     max_entries_ = max_entries;
@@ -93,7 +96,7 @@ class History {
 
   bool recording() {
     std::lock_guard<std::mutex> g(mutex_);
-    return when_ != CCA::RecordContext::NEVER;
+    return enabled_;
   }
 
   // The recorder's context if recording at `level` or more (no lock held while it runs).
@@ -112,7 +115,7 @@ class History {
   // One event of the engine (through the trace hook, on the thread of the call).
   void on_event(Action action, int device, uint64_t addr, uint64_t size, uint64_t stream) {
     std::lock_guard<std::mutex> g(mutex_);
-    if (when_ == CCA::RecordContext::NEVER) {
+    if (!enabled_) {
       return;
     }
     Ctx ctx = call_context();
@@ -145,7 +148,7 @@ class History {
       default:
         break;
     }
-    if (when_ < CCA::RecordContext::ALLOC || skip_.count(action) != 0) {
+    if (skip_.count(action) != 0) {
       return;
     }
     if (traces_.size() <= static_cast<size_t>(device)) {
@@ -155,7 +158,7 @@ class History {
     t.emplace_back(
         action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream),
         MempoolId_t{0, 0}, c10::getApproximateTime(), std::move(ctx),
-        compile_context_.empty() ? std::string() : compile_context_.back(), user_metadata_);
+        compile_context_.empty() ? std::string("N/A") : compile_context_.back(), user_metadata_);
     while (t.size() > max_entries_) {
       t.pop_front();
     }
@@ -163,7 +166,7 @@ class History {
 
   void annotate(const std::vector<std::pair<std::string, std::string>>& md) {
     std::lock_guard<std::mutex> g(mutex_);
-    if (when_ == CCA::RecordContext::NEVER) {
+    if (!enabled_) {
       return;
     }
     c10::DeviceIndex device = 0;
@@ -205,21 +208,10 @@ class History {
     return it == segment_ctx_.end() ? nullptr : it->second;
   }
 
-  // snapshot(): the traces (a `snapshot` entry first, as torch records one) and annotations,
-  // with times in microseconds.
-  void fill(CCA::SnapshotInfo& info, int device_count, uint64_t active_bytes) {
+  // snapshot(): the traces and annotations, with times in microseconds.
+  void fill(CCA::SnapshotInfo& info, int device_count) {
     auto to_ns = converter_.makeConverter();
     std::lock_guard<std::mutex> g(mutex_);
-    if (when_ >= CCA::RecordContext::ALLOC && skip_.count(Action::SNAPSHOT) == 0) {
-      c10::DeviceIndex device = 0;
-      (void)c10::cuda::GetDevice(&device);
-      if (traces_.size() <= static_cast<size_t>(device)) {
-        traces_.resize(device + 1);
-      }
-      traces_[device].emplace_back(
-          Action::SNAPSHOT, device, 0, active_bytes, nullptr, MempoolId_t{0, 0}, c10::getApproximateTime(),
-          nullptr, std::string(), user_metadata_);
-    }
     info.device_traces.assign(std::max<size_t>(device_count, traces_.size()), {});
     for (size_t d = 0; d < traces_.size(); ++d) {
       for (const auto& te : traces_[d]) {
@@ -237,6 +229,7 @@ class History {
 
  private:
   std::mutex mutex_;
+  bool enabled_ = false;
   CCA::RecordContext when_ = CCA::RecordContext::NEVER;
   CCA::CreateContextFn recorder_ = nullptr;
   size_t max_entries_ = 0;
