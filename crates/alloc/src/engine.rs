@@ -61,7 +61,7 @@ mod tags;
 pub use ipc::Shared;
 pub use observer::{TraceEvent, TraceObserver};
 pub use private_pools::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
-pub use tags::{SleepStats, TagId, TagInfo, MAX_TAG_LEN};
+pub use tags::{sleep_annotation, SleepStats, TagId, TagInfo, MAX_TAG_LEN};
 
 /// Requests of this size or more are refused outright, as PyTorch does.
 pub const ONE_EXABYTE: u64 = 1 << 60;

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use cudamem_device::{Device, DevicePtr, StreamId};
 
 pub use config::AllocatorConfig;
-pub use engine::{Engine, SleepStats, TagId, TagInfo};
+pub use engine::{sleep_annotation, Engine, SleepStats, TagId, TagInfo};
 pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use lock::{EngineGuard, EngineLock};

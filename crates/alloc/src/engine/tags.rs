@@ -40,8 +40,9 @@
 //!   list of names means every tag that can take the step. A failed call changes nothing
 //!   except where said above.
 //! * Sleeping is counted in [`SleepStats`], apart from [`crate::DeviceStats`] (which mirrors
-//!   PyTorch's 122 values); sleep and wake record no history entries (PyTorch's trace has no
-//!   action for them).
+//!   PyTorch's 122 values). The history tells a sleep and a wake in PyTorch's vocabulary:
+//!   `segment_unmap`/`segment_map` entries of the ranges, bracketed by a `cudamem.sleep:<tag>`
+//!   annotation (see `record`).
 //!
 //! Invariants (checked by [`crate::invariants::check`]): an awake tag holds no slept ranges;
 //! every slept range lies in a live segment of its tag's pools and overlaps none of that
@@ -51,7 +52,9 @@
 use cudamem_device::{Device, DeviceError, StreamId};
 
 mod inspect;
+mod record;
 pub use inspect::TagInfo;
+pub use record::sleep_annotation;
 
 use super::{Attempt, Engine};
 use crate::block::{PoolId, SegmentId};
@@ -397,6 +400,7 @@ impl<S: StatSink> Engine<S> {
             unmapped.push(r);
         }
         if failure.is_none() || !unmapped.is_empty() {
+            self.record_sleep(TagId(t), &unmapped);
             self.tags.tags[t as usize].asleep = Some(unmapped);
             self.tags.stats.sleeping_tags += 1;
             self.tags.stats.num_sleeps += 1;
@@ -430,6 +434,7 @@ impl<S: StatSink> Engine<S> {
         }
         for t in ids {
             let slept = self.tags.tags[t as usize].asleep.take().unwrap_or_default();
+            self.record_wake(TagId(t), &slept);
             for r in slept {
                 let Backing::Expandable { mappings, .. } = &mut self.segments[r.seg].backing else {
                     unreachable!("a tag's segments are expandable");
