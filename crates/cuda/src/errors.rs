@@ -91,7 +91,7 @@ pub fn device_count() -> i32 {
 }
 
 /// Why there is no usable CUDA device on this machine, or `None` if there is one. The message is
-/// the one [`CudaDevice::new`] would give.
+/// the one [`CudaDevice::new`](crate::CudaDevice::new) would give.
 pub fn unavailable_reason() -> Option<String> {
     match probe() {
         Ok((n, _)) if n > 0 => None,
