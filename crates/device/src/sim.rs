@@ -4,7 +4,7 @@
 //!
 //! * **Capacity**: physical memory is a byte count (default: an H200's 150,109,880,320 bytes).
 //!   `malloc` and `map` consume it, `free` and `unmap` return it; asking for more than is free is
-//!   [`DeviceError::OutOfMemory`], exactly where `cudaMalloc` would fail.
+//!   [`DeviceError::OutOfMemory`](crate::DeviceError::OutOfMemory), exactly where `cudaMalloc` would fail.
 //! * **Addresses** look like real ones (`0x7f..`), 2 MiB aligned, handed out first-fit from a
 //!   virtual address space so freed ranges are reused as the driver does. A replay can
 //!   [`plan`](SimDevice::plan_addresses) the addresses of the next `malloc`s, so that a trace's own
@@ -15,7 +15,7 @@
 //! * **Faults**: a [`FaultPlan`] makes chosen or random `malloc`, `map`, event-query and copy
 //!   calls fail.
 //! * **Bytes**: memory holds bytes only where they were written ([`SimDevice::write`],
-//!   [`Device::copy_from_host`]), stored sparsely in chunks of at most 4 KiB; unwritten bytes of
+//!   [`Device::copy_from_host`](crate::Device::copy_from_host)), stored sparsely in chunks of at most 4 KiB; unwritten bytes of
 //!   backed memory read as zero. Freeing a segment or unmapping pages drops their bytes, so pages
 //!   mapped anew read as zero, as fresh physical memory may on a GPU. Reads and writes must lie
 //!   in backed memory (a live segment, or a contiguous run of mappings of one reservation).
