@@ -448,6 +448,13 @@ pub fn trace_to_py<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py, P
         d.set_item(k("segment_type"), k(g.segment_type.as_str()))?;
         d.set_item(k("segment_pool_id"), PyTuple::new(py, [g.pool_id.0, g.pool_id.1])?)?;
         d.set_item(k("is_expandable"), g.is_expandable)?;
+        // cudamem's keys, as the pickle writer writes them: only on a tag's segments.
+        if let Some(tag) = &g.tag {
+            d.set_item(k("tag"), tag)?;
+        }
+        if g.tag.is_some() || g.asleep {
+            d.set_item(k("asleep"), g.asleep)?;
+        }
         d.set_item(k("frames"), b.frames_of(g.stack)?)?;
         let blocks = PyList::empty(py);
         for bl in &g.blocks {

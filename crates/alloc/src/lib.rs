@@ -121,10 +121,12 @@ impl CachingAllocator {
         self.stats().to_dict()
     }
 
-    /// `memory_summary(abbreviated)`: PyTorch's table.
+    /// `memory_summary(abbreviated)`: PyTorch's table, then cudamem's table of tags when the
+    /// allocator has any ([`summary::tags_summary`]).
     pub fn memory_summary(&self, abbreviated: bool) -> String {
         let e = self.lock();
-        summary::memory_summary(&e.stats().to_dict(), e.device.index(), abbreviated)
+        let table = summary::memory_summary(&e.stats().to_dict(), e.device.index(), abbreviated);
+        table + &summary::tags_summary(&e.tags())
     }
 
     /// `memory_allocated()`: bytes of live allocations (rounded sizes).

@@ -8,6 +8,11 @@
 //!
 //! As in PyTorch, an expandable segment is reported as one segment per contiguous mapped range,
 //! and taking a snapshot records a `snapshot` history entry whose size is the active bytes.
+//!
+//! The segments of a tag carry its name (`tag`) and whether it is asleep (`asleep`). A sleeping
+//! tag's ranges are listed with the blocks they held, as they were when it went to sleep (so
+//! its live blocks stay in their segments), though nothing is mapped there now: a reader that
+//! sums reserved memory skips them.
 
 use cudamem_trace_types::{
     AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, SegmentSnapshot, SegmentType, Trace,
@@ -85,6 +90,8 @@ impl<S: crate::stats::StatSink> Engine<S> {
                     },
                     is_expandable: seg.is_expandable(),
                     stack: seg.stack,
+                    tag: self.pool_tag_state(seg.pool).map(|(t, _)| t.to_string()),
+                    asleep: self.pool_tag_state(seg.pool).is_some_and(|(_, a)| a),
                     ..SegmentSnapshot::default()
                 });
                 let st = state(b);

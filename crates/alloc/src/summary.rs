@@ -270,6 +270,39 @@ pub fn memory_summary(stats: &StatsDict, device: i32, abbreviated: bool) -> Stri
     out
 }
 
+/// cudamem's table of tags, which [`crate::CachingAllocator::memory_summary`] prints under
+/// PyTorch's when the allocator has tags (PyTorch's table stays byte for byte): per tag, its
+/// live bytes (allocated blocks, asleep or not), reserved bytes (mapped now), asleep bytes
+/// (given back to the device by sleeping) and offloaded bytes (host copies), in the table's
+/// width and units. Empty when there are no tags.
+pub fn tags_summary(tags: &[crate::TagInfo]) -> String {
+    if tags.is_empty() {
+        return String::new();
+    }
+    let mut lines = vec![
+        "=".repeat(WIDTH),
+        format!("{:^WIDTH$}", "cudamem tags (sleep and wake)"),
+        "-".repeat(WIDTH),
+        format!(" {:^21} | Live       | Reserved   | Asleep     | Offloaded  ", "Tag"),
+        "-".repeat(WIDTH),
+    ];
+    for t in tags {
+        let name = if t.asleep {
+            format!("{} (asleep)", t.name)
+        } else {
+            t.name.clone()
+        };
+        let mut row = format!(" {name:<21} ");
+        for v in [t.allocated_bytes, t.reserved_bytes, t.sleeping_bytes, t.offloaded_bytes] {
+            let v = i64::try_from(v).unwrap_or(i64::MAX);
+            let _ = write!(row, "| {} ", format_size_cell(v, v));
+        }
+        lines.push(row);
+    }
+    lines.push("=".repeat(WIDTH));
+    format!("|{}|\n", lines.join("|\n|"))
+}
+
 /// One table row: `" {name:<21} | {c} | {p} | {a} | {f} "`.
 fn row(name: &str, kind: Kind, values: [i64; 4], refs: [i64; 4]) -> String {
     let mut s = String::with_capacity(WIDTH);
@@ -420,6 +453,30 @@ mod tests {
         }
         assert_eq!(text.lines().count(), 47);
         assert_eq!(memory_summary(&StatsDict::new(), 0, true).lines().count(), 29);
+    }
+
+    #[test]
+    fn the_tags_table_has_the_width_of_pytorch_s_and_a_row_per_tag() {
+        assert_eq!(tags_summary(&[]), "");
+        let tag = |name: &str, asleep, [a, r, s, o]: [u64; 4]| crate::TagInfo {
+            name: name.into(),
+            asleep,
+            allocated_bytes: a,
+            reserved_bytes: r,
+            sleeping_bytes: s,
+            offloaded_bytes: o,
+        };
+        let t = tags_summary(&[
+            tag("weights", true, [64 << 20, 0, 66 << 20, 66 << 20]),
+            tag("kv", false, [1 << 30, 1 << 30, 0, 0]),
+        ]);
+        assert!(t.lines().all(|l| l.chars().count() == WIDTH + 2), "{t}");
+        let row = t.lines().find(|l| l.starts_with("| weights (asleep)")).unwrap();
+        assert_eq!(
+            row,
+            "| weights (asleep)      |  65536 KiB |      0 B   |  67584 KiB |  67584 KiB |"
+        );
+        assert!(t.contains("| kv                    |   1024 MiB |   1024 MiB |"), "{t}");
     }
 
     #[test]

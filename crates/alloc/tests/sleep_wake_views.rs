@@ -197,3 +197,96 @@ fn an_observer_hears_the_ranges_go_and_come_back() {
     assert_eq!(got(Action::SegmentMap), bytes);
     a.free(w[0]).unwrap();
 }
+
+#[test]
+fn snapshots_name_each_segment_s_tag_and_whether_it_sleeps() {
+    for &policy in cudamem_alloc::policy::POLICY_NAMES {
+        let (_sim, a) = setup(policy);
+        let plain = a.malloc(10 * MIB, S0).unwrap();
+        let w = tagged(&a, "weights", &[5 * MIB, 300 << 10]);
+        let kv = tagged(&a, "kv", &[8 * MIB]);
+        let seg_of = |t: &Trace, p: u64| {
+            (t.segments.iter())
+                .find(|s| s.address <= p && p < s.address + s.total_size)
+                .cloned()
+                .unwrap_or_else(|| panic!("{policy}: no segment holds {p:#x}"))
+        };
+        let t = a.snapshot();
+        assert_eq!(
+            (seg_of(&t, plain).tag, seg_of(&t, plain).asleep),
+            (None, false),
+            "{policy}"
+        );
+        for &p in &w {
+            assert_eq!(seg_of(&t, p).tag.as_deref(), Some("weights"), "{policy}");
+            assert!(!seg_of(&t, p).asleep);
+        }
+
+        a.sleep(&["weights"], true).unwrap();
+        let t = a.snapshot();
+        let asleep: u64 = t.segments.iter().filter(|s| s.asleep).map(|s| s.total_size).sum();
+        let info = a.tags().into_iter().find(|t| t.name == "weights").unwrap();
+        assert_eq!(
+            asleep, info.sleeping_bytes,
+            "{policy}: the asleep segments are the slept ranges"
+        );
+        let mapped: u64 = t.segments.iter().filter(|s| !s.asleep).map(|s| s.total_size).sum();
+        assert_eq!(mapped, a.memory_reserved(), "{policy}: the others are what is reserved");
+        for &p in &w {
+            let s = seg_of(&t, p);
+            assert!(s.asleep && s.tag.as_deref() == Some("weights"), "{policy}: {s:?}");
+            assert!(
+                s.blocks.iter().any(|b| b.address == p),
+                "{policy}: its live block stays listed"
+            );
+        }
+        let k = seg_of(&t, kv[0]);
+        assert!(!k.asleep && k.tag.as_deref() == Some("kv"), "{policy}");
+
+        // Both formats keep the tags.
+        let mut out = Vec::new();
+        write_snapshot_pickle(&t, &mut out).unwrap();
+        assert_eq!(read_pickle(&out, "s").unwrap().segments, t.segments, "{policy}: pickle");
+        let mut out = Vec::new();
+        cudamem_trace::write_compact(&t, &mut out).unwrap();
+        assert_eq!(
+            cudamem_trace::read_compact(&out, "s").unwrap().segments,
+            t.segments,
+            "{policy}: compact"
+        );
+
+        a.wake(&[]).unwrap();
+        assert!(a.snapshot().segments.iter().all(|s| !s.asleep), "{policy}");
+    }
+}
+
+#[test]
+fn memory_summary_lists_each_tag_under_pytorch_s_table() {
+    let (_sim, a) = setup("pytorch");
+    let p = a.malloc(MIB, S0).unwrap();
+    let plain = a.memory_summary(false);
+    assert!(!plain.contains("cudamem tags"), "no tags, PyTorch's table alone");
+    let w = tagged(&a, "weights", &[40 * MIB]);
+    a.sleep(&["weights"], true).unwrap();
+    let info = a.tags()[0].clone();
+    let s = a.memory_summary(false);
+    assert!(s.starts_with(&plain[..plain.find("Allocated memory").unwrap()]), "{s}");
+    let row = s
+        .lines()
+        .find(|l| l.starts_with("| weights (asleep)"))
+        .unwrap_or_else(|| panic!("{s}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    let mib = |b: u64| format!("{} MiB", b >> 20);
+    let kib = |b: u64| format!("{} KiB", b >> 10);
+    assert_eq!(cells[1], kib(info.allocated_bytes), "{row}");
+    assert_eq!(cells[2], "0 B", "{row}");
+    assert!(
+        cells[3] == kib(info.sleeping_bytes) || cells[3] == mib(info.sleeping_bytes),
+        "{row}"
+    );
+    assert_eq!(cells[3], cells[4], "offloaded as much as slept: {row}");
+    a.wake(&[]).unwrap();
+    assert!(!a.memory_summary(false).contains("(asleep)"));
+    a.free(w[0]).unwrap();
+    a.free(p).unwrap();
+}

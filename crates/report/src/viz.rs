@@ -340,7 +340,9 @@ fn device_data(
     }
     // What the snapshot holds that no event explains existed from the start.
     for s in trace.segments.iter().filter(|s| s.device == dt.device) {
-        if s.is_expandable {
+        if s.asleep {
+            // A sleeping tag's range is not mapped now; its live blocks still count below.
+        } else if s.is_expandable {
             init_maps.extend(mapped.missing(s.address, s.address + s.total_size));
         } else if native.get(&s.address) != Some(&s.total_size) {
             init_segs.push((s.address, s.total_size));

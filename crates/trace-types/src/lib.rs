@@ -227,6 +227,12 @@ pub struct SegmentSnapshot {
     pub stack: Option<StackId>,
     /// Blocks, in address order, tiling the segment.
     pub blocks: Vec<BlockSnapshot>,
+    /// cudamem: the tag whose pools hold the segment (`tag` in a pickle); `None` for untagged
+    /// memory and in PyTorch's snapshots.
+    pub tag: Option<String>,
+    /// cudamem: the segment's tag is asleep (`asleep`): the range is not mapped now, so it is
+    /// not reserved; its blocks keep their states.
+    pub asleep: bool,
 }
 
 /// State of a block at dump time.

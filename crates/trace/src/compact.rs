@@ -38,6 +38,10 @@
 //!   (0 active_allocated, 1 active_pending_free, 2 inactive), `stack u32`.
 //! * `ANNS` external annotations: `n u32`, then `n` × (`device i32`,
 //!   `stage u32`, `name u32`, `time_us i64`).
+//! * `STAG` cudamem's tags of segments, only when a segment has one: `n u32`,
+//!   then `n` × (`segment u32`, an index into `SEGS`, which comes before;
+//!   `tag u32`, a string or `u32::MAX` for none; `asleep u8`). Older readers
+//!   skip it.
 //!
 //! [`Trace::source`] is not stored: the reader's `source` argument names the
 //! trace.
@@ -262,6 +266,18 @@ fn encode(trace: &Trace) -> Vec<u8> {
         put_u32(&mut anns, strings.id(&a.name));
         put_i64(&mut anns, a.time_us);
     }
+    let mut stag = Vec::new();
+    let tagged: Vec<(usize, &SegmentSnapshot)> = (trace.segments.iter().enumerate())
+        .filter(|(_, g)| g.tag.is_some() || g.asleep)
+        .collect();
+    if !tagged.is_empty() {
+        put_u32(&mut stag, tagged.len() as u32);
+        for (i, g) in tagged {
+            put_u32(&mut stag, i as u32);
+            put_u32(&mut stag, g.tag.as_deref().map_or(NO_STACK, |t| strings.id(t)));
+            stag.push(g.asleep as u8);
+        }
+    }
     let mut strs = Vec::new();
     put_u32(&mut strs, strings.list.len() as u32);
     for s in &strings.list {
@@ -338,6 +354,9 @@ fn encode(trace: &Trace) -> Vec<u8> {
     }
     section(&mut out, b"SEGS", &segs);
     section(&mut out, b"ANNS", &anns);
+    if !stag.is_empty() {
+        section(&mut out, b"STAG", &stag);
+    }
 
     let file_len = (out.len() + TRAILER) as u64;
     out[16..24].copy_from_slice(&file_len.to_le_bytes());
@@ -533,6 +552,7 @@ fn parse_sections(data: &[u8], body_end: usize, source: &str) -> CR<Trace> {
             b"DEVS" => "DEVS",
             b"SEGS" => "SEGS",
             b"ANNS" => "ANNS",
+            b"STAG" => "STAG",
             _ => continue, // unknown section: skip
         };
         let mut c = Cur {
@@ -551,7 +571,8 @@ fn parse_sections(data: &[u8], body_end: usize, source: &str) -> CR<Trace> {
             }
             "DEVS" => trace.devices = read_devices(&mut c, trace.stacks.len())?,
             "SEGS" => trace.segments = read_segments(&mut c, trace.stacks.len())?,
-            _ => trace.annotations = read_annotations(&mut c, &strings)?,
+            "ANNS" => trace.annotations = read_annotations(&mut c, &strings)?,
+            _ => read_segment_tags(&mut c, &strings, &mut trace.segments)?,
         }
         if c.pos != end {
             return c.fail(c.pos, format!("section {what} has {} unread bytes", end - c.pos));
@@ -723,6 +744,8 @@ fn read_segments(c: &mut Cur<'_>, n_stacks: usize) -> CR<Vec<SegmentSnapshot>> {
             is_expandable,
             stack,
             blocks,
+            tag: None,
+            asleep: false,
         });
     }
     Ok(segs)
@@ -744,6 +767,34 @@ fn read_annotations(c: &mut Cur<'_>, strings: &[&str]) -> CR<Vec<Annotation>> {
         });
     }
     Ok(v)
+}
+
+fn read_segment_tags(c: &mut Cur<'_>, strings: &[&str], segs: &mut [SegmentSnapshot]) -> CR<()> {
+    let n = c.u32()? as u64;
+    let n = c.count(n, 9)?;
+    for _ in 0..n {
+        let at = c.pos;
+        let i = c.u32()? as usize;
+        let code = c.u32()?;
+        let tag = if code == NO_STACK {
+            None
+        } else {
+            Some(string(c, strings, at + 4, code)?)
+        };
+        let asleep = match c.u8()? {
+            0 => false,
+            1 => true,
+            v => return c.fail(at + 8, format!("bad boolean {v}")),
+        };
+        let Some(g) = segs.get_mut(i) else {
+            return c.fail(
+                at,
+                format!("tag of segment {i}, but SEGS holds {} segments", segs.len()),
+            );
+        };
+        (g.tag, g.asleep) = (tag, asleep);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -825,6 +876,13 @@ mod tests {
                 state: BlockState::ActivePendingFree,
                 stack: None,
             }],
+            ..Default::default()
+        });
+        t.segments.push(SegmentSnapshot {
+            address: 2 << 40,
+            total_size: 2 << 20,
+            tag: Some("weights".into()),
+            asleep: true,
             ..Default::default()
         });
         t.settings.conf = "expandable_segments:True,\nweird\\".into();

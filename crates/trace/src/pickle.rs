@@ -12,7 +12,8 @@
 //!   `segment_type` "large"/"small", `segment_pool_id` (2-tuple),
 //!   `is_expandable`, `frames`, `blocks`: list of {`address`, `size`,
 //!   `requested_size`, `state`, `frames`}) — the allocator's state when the
-//!   snapshot was taken;
+//!   snapshot was taken; cudamem adds `tag` (str) and `asleep` (bool) to the
+//!   segments of a tag, keys PyTorch's readers ignore;
 //! * `device_traces`: one list per device of trace entries {`action`, `addr`,
 //!   `size`, `stream`, `time_us`, `frames`?, `compile_context`?,
 //!   `user_metadata`?}; an `oom` entry carries `device_free` instead of
@@ -405,6 +406,11 @@ impl<'x, 'a> Rd<'x, 'a> {
         let is_expandable = self
             .opt(d, "is_expandable")
             .map_or(Ok(false), |v| self.as_bool(v, "is_expandable"))?;
+        let tag = match self.opt(d, "tag") {
+            Some(v) => Some(self.as_str(v, "tag")?.to_string()),
+            None => None,
+        };
+        let asleep = self.opt(d, "asleep").map_or(Ok(false), |v| self.as_bool(v, "asleep"))?;
         let stack = self.frames(d, interner)?;
         let mut blocks = Vec::new();
         if let Some(bv) = self.opt(d, "blocks") {
@@ -443,6 +449,8 @@ impl<'x, 'a> Rd<'x, 'a> {
             is_expandable,
             stack,
             blocks,
+            tag,
+            asleep,
         })
     }
 
@@ -619,6 +627,13 @@ impl Serialize for SegmentSer<'_> {
         m.serialize_entry("segment_type", g.segment_type.as_str())?;
         m.serialize_entry("segment_pool_id", &g.pool_id)?;
         m.serialize_entry("is_expandable", &g.is_expandable)?;
+        // cudamem's keys, only on the segments they describe: PyTorch's snapshots stay as they were.
+        if let Some(tag) = &g.tag {
+            m.serialize_entry("tag", tag)?;
+        }
+        if g.tag.is_some() || g.asleep {
+            m.serialize_entry("asleep", &g.asleep)?;
+        }
         m.serialize_entry("frames", &FramesSer(t.stack(g.stack)))?;
         struct Blocks<'a>(&'a Trace, &'a [BlockSnapshot]);
         impl Serialize for Blocks<'_> {

@@ -40,6 +40,12 @@ impl<S: StatSink> Engine<S> {
         s
     }
 
+    /// The tag owning engine pool `p` and whether it is asleep (for snapshots), if any.
+    pub fn pool_tag_state(&self, p: crate::block::PoolId) -> Option<(&str, bool)> {
+        let t = &self.tags.tags[self.tags.tag_of_pool(p)? as usize];
+        Some((t.name.as_str(), t.asleep.is_some()))
+    }
+
     /// Every tag's state, in the order the tags were made.
     pub fn tags(&self) -> Vec<TagInfo> {
         let mut v: Vec<TagInfo> = (self.tags.tags.iter())
