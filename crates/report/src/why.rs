@@ -25,6 +25,11 @@
 //! released by `empty_cache()` while the pool exists; their free bytes are reported as pinned
 //! by the pool.
 //!
+//! Segments of a tag (`tag` set: sleep and wake) are released by `empty_cache()` like the
+//! default pools' while the tag is awake, in pages of 2 MiB (the device's granularity). Those of
+//! a sleeping tag (`asleep`) are not reserved at all: they are left out of every sum and listed
+//! per tag instead ([`asleep`]).
+//!
 //! **Guarantee:** for every segment and in the totals,
 //! `reserved = allocated + releasable + pinned`, where `allocated` counts `active_allocated`
 //! blocks (rounded sizes, like `memory_allocated()`), and pending-free bytes count as free.
@@ -36,7 +41,10 @@ use cudamem_trace::{BlockState, Frame, SegmentSnapshot, SegmentType, Trace};
 use serde_json::{json, Value};
 
 use crate::replay::{run, snapshot, RunOptions};
+
+pub mod asleep;
 use crate::{frames_json, human, live_stacks_by_address, write_frames};
+pub use asleep::AsleepTag;
 
 /// Small-pool page size of expandable segments.
 const SMALL_PAGE: u64 = 2 << 20;
@@ -117,6 +125,8 @@ pub struct WhyReport {
     pub releasable: u64,
     /// Free bytes that stay reserved after `empty_cache()`.
     pub pinned: u64,
+    /// The sleeping tags, whose segments the sums above leave out.
+    pub asleep: Vec<AsleepTag>,
 }
 
 /// Explains the reserved-but-unallocated bytes at the end of `trace` (see the
@@ -134,9 +144,8 @@ pub fn why(trace: &Trace) -> Result<WhyReport, String> {
                 .map(|s| s.frames.clone())
                 .unwrap_or_default()
         };
-        let segs = trace
-            .segments
-            .iter()
+        let (awake, sleeping) = asleep::split(&trace.segments);
+        let segs = (awake.into_iter())
             .map(|s| explain(s, large_page, &|b| frames_of(s.device, b)))
             .collect();
         let basis = if trace.segments.is_empty() {
@@ -144,7 +153,9 @@ pub fn why(trace: &Trace) -> Result<WhyReport, String> {
         } else {
             "the snapshot's segments"
         };
-        return Ok(report(trace.source.clone(), basis.into(), segs));
+        let mut r = report(trace.source.clone(), basis.into(), segs);
+        r.asleep = sleeping;
+        return Ok(r);
     }
     let r = run(trace, &RunOptions::default())?;
     let snap = snapshot(trace, &r);
@@ -177,6 +188,7 @@ fn report(source: String, basis: String, mut segments: Vec<SegmentWhy>) -> WhyRe
         releasable: segments.iter().map(|s| s.releasable).sum(),
         pinned: segments.iter().map(|s| s.pinned).sum(),
         segments,
+        asleep: Vec::new(),
     }
 }
 
@@ -215,7 +227,7 @@ pub fn explain(
     if free_total == 0 {
         return w;
     }
-    if s.pool_id != (0, 0) {
+    if s.pool_id != (0, 0) && s.tag.is_none() {
         w.pinned = free_total;
         w.reason = Reason::PrivatePool;
         return w;
@@ -236,7 +248,7 @@ pub fn explain(
         return w;
     }
     // Expandable: whole pages inside free runs (pending blocks merge with free neighbours).
-    let page = if s.segment_type == SegmentType::Small {
+    let page = if s.segment_type == SegmentType::Small || s.tag.is_some() {
         SMALL_PAGE
     } else {
         large_page.max(1)
@@ -376,6 +388,7 @@ impl WhyReport {
                 human(self.pending_free)
             );
         }
+        s.push_str(&asleep::text(&self.asleep));
         let pinned = self.pinned_segments();
         let _ = write!(s, "\n{}", self.headline());
         s.push_str(if pinned.is_empty() { ".\n" } else { ":\n" });
@@ -481,6 +494,7 @@ impl WhyReport {
             "pinned": self.pinned,
             "stays_reserved": self.stays_reserved(),
             "headline": self.headline(),
+            "asleep": asleep::to_json(&self.asleep),
             "segments": self.segments.iter().map(|s| json!({
                 "device": s.device,
                 "address": s.address,
