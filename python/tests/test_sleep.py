@@ -56,23 +56,24 @@ def test_bad_arguments_are_errors_that_name_the_problem():
         cudamem.wake_up(["nope"], device=0)
 
 
-def test_snapshot_history_and_summary_show_the_tags(dev):
-    cudamem.record_memory_history(device=dev)
-    with cudamem.tag("views", device=dev):
-        p = cudamem.malloc(16 * MIB, device=dev)
-    cudamem.sleep(["views"], offload=True, device=dev)
-    snap = cudamem.snapshot(dev)
+def test_snapshot_history_and_summary_show_the_tags():
+    # Device 0, as the other tests here: the suite uses every fresh ordinal already.
+    cudamem.record_memory_history(device=0)
+    with cudamem.tag("views", device=0):
+        p = cudamem.malloc(16 * MIB, device=0)
+    cudamem.sleep(["views"], offload=True, device=0)
+    snap = cudamem.snapshot(0)
     mine = [s for s in snap["segments"] if s.get("tag") == "views"]
     assert mine and all(s["asleep"] for s in mine)
     assert all("tag" not in s for s in snap["segments"] if s["segment_pool_id"] == (0, 0))
-    assert sum(s["total_size"] for s in mine) == cudamem.sleep_stats(dev)["tags"]["views"]["sleeping_bytes"]
+    assert sum(s["total_size"] for s in mine) == cudamem.sleep_stats(0)["tags"]["views"]["sleeping_bytes"]
     names = [(a["stage"], a["name"]) for a in snap["external_annotations"]]
     assert ("START", "cudamem.sleep:views") in names
-    assert "| views (asleep)" in cudamem.memory_summary(dev)
-    cudamem.wake_up(["views"], device=dev)
-    snap = cudamem.snapshot(dev)
+    assert "| views (asleep)" in cudamem.memory_summary(0)
+    cudamem.wake_up(["views"], device=0)
+    snap = cudamem.snapshot(0)
     assert ("END", "cudamem.sleep:views") in [(a["stage"], a["name"]) for a in snap["external_annotations"]]
-    assert any(e["action"] == "segment_map" for e in snap["device_traces"][dev])
-    assert "(asleep)" not in cudamem.memory_summary(dev)
-    cudamem.free(p, device=dev)
-    cudamem.record_memory_history(enabled=None, device=dev)
+    assert any(e["action"] == "segment_map" for e in snap["device_traces"][0])
+    assert "(asleep)" not in cudamem.memory_summary(0)
+    cudamem.free(p, device=0)
+    cudamem.record_memory_history(enabled=None, device=0)
