@@ -41,16 +41,16 @@ pub mod pool_allocator;
 pub mod registry;
 mod reports;
 mod sleep;
+mod stats;
 pub mod trackers;
 
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyType};
 
-use cudamem_alloc::{AllocError, RecordContext, StatsDict};
+use cudamem_alloc::{AllocError, RecordContext};
 use cudamem_device::StreamId;
 
 use registry::RegistryError;
@@ -125,25 +125,6 @@ pub(crate) fn check_device(device: i32) -> PyResult<()> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// The stats of `device`; all zero (and no device opened) before its first use.
-fn stats_dict(device: i32) -> PyResult<StatsDict> {
-    check_device(device)?;
-    Ok(match registry::get(device) {
-        Some(a) => a.memory_stats(),
-        None => {
-            let mut d = cudamem_alloc::summary::zeroed_stats();
-            let max_split = registry::effective_settings()
-                .map(|(c, _)| c.max_split_size)
-                .unwrap_or(u64::MAX);
-            d.insert(
-                "max_split_size".into(),
-                if max_split == u64::MAX { -1 } else { max_split as i64 },
-            );
-            d
-        }
-    })
-}
-
 /// Allocates `size` bytes on `device` for use on `stream` (a raw `cudaStream_t` value; 0 is the
 /// default stream) and returns the device address (0 for size 0).
 #[pyfunction]
@@ -199,78 +180,6 @@ fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAn
     }
 }
 
-/// `memory_stats()`: the 122 statistics of PyTorch (a plain dict; the Python wrapper sorts it).
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn memory_stats(device: i32) -> PyResult<BTreeMap<String, i64>> {
-    stats_dict(device)
-}
-
-fn stat(device: i32, key: &str) -> PyResult<i64> {
-    Ok(stats_dict(device)?.get(key).copied().unwrap_or(0))
-}
-
-/// Bytes allocated to callers (rounded sizes).
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn memory_allocated(device: i32) -> PyResult<i64> {
-    stat(device, "allocated_bytes.all.current")
-}
-
-/// Peak of `memory_allocated`.
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn max_memory_allocated(device: i32) -> PyResult<i64> {
-    stat(device, "allocated_bytes.all.peak")
-}
-
-/// Bytes held from the device.
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn memory_reserved(device: i32) -> PyResult<i64> {
-    stat(device, "reserved_bytes.all.current")
-}
-
-/// Peak of `memory_reserved`.
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn max_memory_reserved(device: i32) -> PyResult<i64> {
-    stat(device, "reserved_bytes.all.peak")
-}
-
-/// PyTorch's `memory_summary()` table.
-#[pyfunction]
-#[pyo3(signature = (device=0, abbreviated=false))]
-fn memory_summary(device: i32, abbreviated: bool) -> PyResult<String> {
-    check_device(device)?;
-    Ok(match registry::get(device) {
-        Some(a) => a.memory_summary(abbreviated),
-        None => cudamem_alloc::summary::memory_summary(&stats_dict(device)?, device, abbreviated),
-    })
-}
-
-/// Sets every peak to its current value.
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn reset_peak_memory_stats(device: i32) -> PyResult<()> {
-    check_device(device)?;
-    if let Some(a) = registry::get(device) {
-        a.reset_peak_memory_stats();
-    }
-    Ok(())
-}
-
-/// Zeroes the accumulated counters (allocated/freed totals, retries, OOMs, ...).
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
-    check_device(device)?;
-    if let Some(a) = registry::get(device) {
-        a.reset_accumulated_memory_stats();
-    }
-    Ok(())
-}
-
 /// Returns unused cached memory to the device: of `device`, or of every device when None.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
@@ -286,13 +195,6 @@ fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
         py.allow_threads(|| a.empty_cache()).map_err(|e| alloc_err(py, e))?;
     }
     Ok(())
-}
-
-/// `(free, total)` bytes of the device, as `cudaMemGetInfo` reports them.
-#[pyfunction]
-#[pyo3(signature = (device=0))]
-fn mem_get_info(py: Python<'_>, device: i32) -> PyResult<(u64, u64)> {
-    allocator(py, device)?.mem_get_info().map_err(|e| alloc_err(py, e))
 }
 
 /// Limits the allocator of `device` to `fraction` of the device's memory.
@@ -328,43 +230,6 @@ fn configure(py: Python<'_>, policy: Option<&str>, config: Option<&str>) -> PyRe
 #[pyfunction]
 fn set_allocator_settings(py: Python<'_>, settings: &str) -> PyResult<()> {
     registry::set_settings_everywhere(settings).map_err(|e| reg_err(py, e))
-}
-
-/// What cudamem runs on: device kind, policy and configuration for new allocators, and the
-/// allocators that exist (ordinal -> {device, policy, config}).
-#[pyfunction]
-fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
-    let d = PyDict::new(py);
-    match registry::device_kind() {
-        Ok(registry::DeviceKind::Cuda) => d.set_item("device_kind", "cuda")?,
-        Ok(registry::DeviceKind::Sim(n)) => {
-            d.set_item("device_kind", "sim")?;
-            d.set_item("sim_capacity", n)?;
-        }
-        Err(e) => d.set_item("device_kind", format!("invalid: {e}"))?,
-    }
-    match registry::effective_settings() {
-        Ok((c, p)) => {
-            d.set_item("policy", p)?;
-            d.set_item("config", c.settings)?;
-        }
-        Err(e) => d.set_item("settings_error", e.to_string())?,
-    }
-    let devs = PyDict::new(py);
-    for (i, a) in registry::existing() {
-        let e = PyDict::new(py);
-        e.set_item("device", a.device().name())?;
-        e.set_item(
-            "policy",
-            registry::policy_of(i).map_or_else(|| a.policy_name(), str::to_string),
-        )?;
-        e.set_item("config", a.config().settings)?;
-        devs.set_item(i, e)?;
-    }
-    d.set_item("allocators", devs)?;
-    d.set_item("error_mode", ffi::error_mode())?;
-    d.set_item("unknown_frees", ffi::cudamem_unknown_frees())?;
-    Ok(d.unbind())
 }
 
 /// Sets the callable that returns the exception class raised for out-of-memory.
@@ -571,19 +436,19 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sleep::register(m)?;
     m.add_function(wrap_pyfunction!(free, m)?)?;
     m.add_function(wrap_pyfunction!(record_stream, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_allocated, m)?)?;
-    m.add_function(wrap_pyfunction!(max_memory_allocated, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_reserved, m)?)?;
-    m.add_function(wrap_pyfunction!(max_memory_reserved, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(reset_peak_memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(reset_accumulated_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::max_memory_allocated, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::max_memory_reserved, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::reset_accumulated_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(empty_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(mem_get_info, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::mem_get_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_per_process_memory_fraction, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
-    m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::info, m)?)?;
     m.add_function(wrap_pyfunction!(_set_oom_class_factory, m)?)?;
     m.add_function(wrap_pyfunction!(set_error_mode, m)?)?;
     m.add_function(wrap_pyfunction!(_set_error_thrower, m)?)?;
