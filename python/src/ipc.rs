@@ -283,7 +283,7 @@ const IMPORTED_MAPPINGS: c_int = 2;
 
 /// `(ptr, ctx, sink, offset_out) -> kind`: the handle bytes of allocation `ptr` (to `sink`)
 /// and its offset in the memory they describe.
-pub unsafe extern "C" fn nat_ipc_share(ptr: *mut c_void, ctx: *mut c_void, sink: ByteSink, offset: *mut u64) -> c_int {
+pub(crate) unsafe extern "C" fn nat_ipc_share(ptr: *mut c_void, ctx: *mut c_void, sink: ByteSink, offset: *mut u64) -> c_int {
     let mut out = None;
     let kind = run("share_ipc_handle", || {
         let p = ptr as u64;
@@ -306,7 +306,7 @@ pub unsafe extern "C" fn nat_ipc_share(ptr: *mut c_void, ctx: *mut c_void, sink:
 }
 
 /// `(device, bytes, len, ptr_out, kind_out) -> kind`: maps what a handle describes on `device`.
-pub unsafe extern "C" fn nat_ipc_open(
+pub(crate) unsafe extern "C" fn nat_ipc_open(
     device: c_int,
     bytes: *const u8,
     len: usize,
@@ -336,7 +336,7 @@ pub unsafe extern "C" fn nat_ipc_open(
 }
 
 /// `(device, ptr, kind) -> kind`: lets go of what [`nat_ipc_open`] returned.
-pub extern "C" fn nat_ipc_close(device: c_int, ptr: u64, opened: c_int) -> c_int {
+pub(crate) extern "C" fn nat_ipc_close(device: c_int, ptr: u64, opened: c_int) -> c_int {
     run("close_ipc_dev_ptr", || {
         let dev = alloc(device)?.device();
         let r = match opened {

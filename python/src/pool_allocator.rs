@@ -138,7 +138,7 @@ impl Device for PoolAllocator {
 
 /// `(device, a, b, ctx, alloc, free, drop) -> kind`: `createOrIncrefPool` with an allocator.
 /// `drop(ctx)` is called once the context is not needed: at once if the pool existed already.
-pub unsafe extern "C" fn nat_pool_create_with(
+pub(crate) unsafe extern "C" fn nat_pool_create_with(
     device: c_int,
     a: u64,
     b: u64,

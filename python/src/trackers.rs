@@ -39,7 +39,7 @@ fn c10_action(a: Action) -> Option<c_int> {
 /// `(ctx, hook) -> kind`: every allocator's events go to `hook(ctx, ...)` from now on; a NULL
 /// `hook` removes it. The context must stay valid while the hook is installed (the C++ side
 /// passes its allocator object, which lives as long as the process).
-pub unsafe extern "C" fn nat_set_trace_hook(ctx: *mut c_void, hook: Option<TraceHook>) -> c_int {
+pub(crate) unsafe extern "C" fn nat_set_trace_hook(ctx: *mut c_void, hook: Option<TraceHook>) -> c_int {
     let ctx = ctx as usize;
     run("set_trace_hook", || {
         let observer = hook.map(|hook| -> cudamem_alloc::engine::TraceObserver {

@@ -165,10 +165,8 @@ impl CudaDevice {
         let flags = CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         // SAFETY: the context is current; `p` is a valid out-pointer; the handle is passed by
         // value and the driver validates it.
-        check(
-            unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) },
-            "cuIpcOpenMemHandle",
-        )?;
+        let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) };
+        check(r, "cuIpcOpenMemHandle")?;
         lock(&self.imports).insert(p, Imported::Opened);
         Ok(p)
     }
@@ -228,20 +226,16 @@ impl CudaDevice {
         let mut base: sys::CUdeviceptr = 0;
         // SAFETY: the context is current; `base` is a valid out-pointer; `total` is a multiple
         // of the power-of-two alignment `g`.
-        check(
-            unsafe { sys::cuMemAddressReserve(&mut base, total as usize, g as usize, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
+        let r = unsafe { sys::cuMemAddressReserve(&mut base, total as usize, g as usize, 0, 0) };
+        check(r, "cuMemAddressReserve")?;
         undo.base = base;
         let mut off = 0;
         let mut record = Vec::with_capacity(parts.len());
         for (p, &h) in parts.iter().zip(&handles) {
             // SAFETY: `[base+off, +p.size)` lies in the fresh reservation and is unmapped; `h` is
             // an imported allocation of `p.size` bytes (the sender's size), mapped from offset 0.
-            check(
-                unsafe { sys::cuMemMap(base + off, p.size as usize, 0, h, 0) },
-                "cuMemMap",
-            )?;
+            let r = unsafe { sys::cuMemMap(base + off, p.size as usize, 0, h, 0) };
+            check(r, "cuMemMap")?;
             undo.mapped.push((base + off, p.size));
             record.push((off, p.size, h));
             off += p.size;
@@ -258,10 +252,8 @@ impl CudaDevice {
             .collect();
         // SAFETY: `[base, +total)` is fully mapped just above; `desc` holds `desc.len()` valid
         // descriptors and outlives the call.
-        check(
-            unsafe { sys::cuMemSetAccess(base, total as usize, desc.as_ptr(), desc.len()) },
-            "cuMemSetAccess",
-        )?;
+        let r = unsafe { sys::cuMemSetAccess(base, total as usize, desc.as_ptr(), desc.len()) };
+        check(r, "cuMemSetAccess")?;
         std::mem::forget(undo);
         lock(&self.imports).insert(
             base,
