@@ -283,7 +283,12 @@ const IMPORTED_MAPPINGS: c_int = 2;
 
 /// `(ptr, ctx, sink, offset_out) -> kind`: the handle bytes of allocation `ptr` (to `sink`)
 /// and its offset in the memory they describe.
-pub(crate) unsafe extern "C" fn nat_ipc_share(ptr: *mut c_void, ctx: *mut c_void, sink: ByteSink, offset: *mut u64) -> c_int {
+pub(crate) unsafe extern "C" fn nat_ipc_share(
+    ptr: *mut c_void,
+    ctx: *mut c_void,
+    sink: ByteSink,
+    offset: *mut u64,
+) -> c_int {
     let mut out = None;
     let kind = run("share_ipc_handle", || {
         let p = ptr as u64;

@@ -110,35 +110,7 @@ pub struct NativeApi {
     ) -> c_int,
 }
 
-/// One segment of a snapshot, as c10's `SegmentInfo` wants it.
-#[repr(C)]
-pub struct SegmentRecord {
-    pub device: c_int,
-    pub is_large: c_int,
-    pub is_expandable: c_int,
-    pub address: u64,
-    pub total_size: u64,
-    pub requested_size: u64,
-    pub allocated_size: u64,
-    pub active_size: u64,
-    pub stream: u64,
-    pub pool_a: u64,
-    pub pool_b: u64,
-}
-
-/// One block of a snapshot, as c10's `BlockInfo` wants it.
-#[repr(C)]
-pub struct BlockRecord {
-    pub size: u64,
-    pub requested_size: u64,
-    pub allocated: c_int,
-    pub active: c_int,
-}
-
-/// Receives each segment of a snapshot.
-pub type SegmentSink = unsafe extern "C" fn(*mut c_void, *const SegmentRecord);
-/// Receives each block of the segment last received.
-pub type BlockSink = unsafe extern "C" fn(*mut c_void, *const BlockRecord);
+pub use crate::native_snapshot::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
 
 static API: NativeApi = NativeApi {
     version: NATIVE_API_VERSION,
@@ -168,7 +140,7 @@ static API: NativeApi = NativeApi {
     totals: nat_totals,
     record_history: nat_record_history,
     history_enabled: nat_history_enabled,
-    snapshot: nat_snapshot,
+    snapshot: crate::native_snapshot::nat_snapshot,
     ipc_share: ipc::nat_ipc_share,
     ipc_open: ipc::nat_ipc_open,
     ipc_close: ipc::nat_ipc_close,
@@ -570,42 +542,6 @@ extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u6
 
 extern "C" fn nat_history_enabled() -> c_int {
     registry::existing().any(|(d, _)| history::is_recording(d)) as c_int
-}
-
-unsafe extern "C" fn nat_snapshot(ctx: *mut c_void, on_segment: SegmentSink, on_block: BlockSink) -> c_int {
-    let mut trace = None;
-    let kind = run("snapshot", || {
-        trace = Some(history::snapshot_trace(None)?);
-        Ok(())
-    });
-    // The callbacks run after every lock is given back (they build torch objects).
-    for seg in trace.iter().flat_map(|t| &t.segments) {
-        let r = SegmentRecord {
-            device: seg.device,
-            is_large: (seg.segment_type != cudamem_trace::SegmentType::Small) as c_int,
-            is_expandable: seg.is_expandable as c_int,
-            address: seg.address,
-            total_size: seg.total_size,
-            requested_size: seg.requested_size,
-            allocated_size: seg.allocated_size,
-            active_size: seg.active_size,
-            stream: seg.stream,
-            pool_a: seg.pool_id.0 as u64,
-            pool_b: seg.pool_id.1 as u64,
-        };
-        // SAFETY: the caller's callbacks take any record for the duration of the call.
-        unsafe { on_segment(ctx, &r) };
-        for b in &seg.blocks {
-            let r = BlockRecord {
-                size: b.size,
-                requested_size: b.requested_size,
-                allocated: (b.state == cudamem_trace::BlockState::ActiveAllocated) as c_int,
-                active: (b.state != cudamem_trace::BlockState::Inactive) as c_int,
-            };
-            unsafe { on_block(ctx, &r) };
-        }
-    }
-    kind
 }
 
 #[cfg(test)]
