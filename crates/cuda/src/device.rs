@@ -12,10 +12,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cudarc::driver::sys::{
-    self, CUevent, CUmemAccessDesc, CUmemAccess_flags, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType,
-    CUresult, CUstream,
-};
+use cudarc::driver::sys::{self, CUevent, CUmemGenericAllocationHandle, CUresult, CUstream};
 
 use crate::vmm::Mapping;
 use crate::{
@@ -208,16 +205,7 @@ impl Device for CudaDevice {
         let mut failure = check_alloc(r, "cuMemMap", size).err();
         let mapped = failure.is_none();
         if mapped {
-            let desc: Vec<CUmemAccessDesc> = std::iter::once(self.ordinal)
-                .chain(self.peers.iter().copied())
-                .map(|id| CUmemAccessDesc {
-                    location: CUmemLocation {
-                        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                        id,
-                    },
-                    flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                })
-                .collect();
+            let desc = self.access_descs();
             // SAFETY: `[ptr, +size)` is exactly the mapping just made; `desc` holds `desc.len()`
             // valid access descriptors (this device and its peers) and outlives the call.
             let r = unsafe { sys::cuMemSetAccess(ptr, bytes, desc.as_ptr(), desc.len()) };

@@ -12,8 +12,7 @@ use std::sync::atomic::Ordering;
 
 use cudamem_device::ipc::{ExportedMapping, ImportedPart, IPC_HANDLE_SIZE};
 use cudarc::driver::sys::{
-    self, CUipcMemHandle, CUipcMem_flags, CUmemAccessDesc, CUmemAccess_flags, CUmemAllocationHandleType,
-    CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
+    self, CUipcMemHandle, CUipcMem_flags, CUmemAllocationHandleType, CUmemGenericAllocationHandle, CUresult,
 };
 
 use crate::{check, lock, CudaDevice, DeviceError, DevicePtr};
@@ -240,16 +239,7 @@ impl CudaDevice {
             record.push((off, p.size, h));
             off += p.size;
         }
-        let desc: Vec<CUmemAccessDesc> = std::iter::once(self.ordinal)
-            .chain(self.peers.iter().copied())
-            .map(|id| CUmemAccessDesc {
-                location: CUmemLocation {
-                    type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id,
-                },
-                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            })
-            .collect();
+        let desc = self.access_descs();
         // SAFETY: `[base, +total)` is fully mapped just above; `desc` holds `desc.len()` valid
         // descriptors and outlives the call.
         let r = unsafe { sys::cuMemSetAccess(base, total as usize, desc.as_ptr(), desc.len()) };

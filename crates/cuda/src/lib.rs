@@ -93,8 +93,9 @@ pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId
 pub use cudarc;
 
 use cudarc::driver::sys::{
-    self, CUcontext, CUdevice, CUdevice_attribute, CUevent, CUmemAllocationGranularity_flags,
-    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    self, CUcontext, CUdevice, CUdevice_attribute, CUevent, CUmemAccessDesc, CUmemAccess_flags,
+    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
+    CUmemLocation, CUmemLocationType,
 };
 
 /// The granularity assumed when the device does not support virtual memory management (VMM
@@ -300,6 +301,21 @@ impl CudaDevice {
             type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: self.ordinal,
         }
+    }
+
+    /// Read-write access for this device and its peers: what every mapping gets, the device's
+    /// own and those imported from another process.
+    fn access_descs(&self) -> Vec<CUmemAccessDesc> {
+        std::iter::once(self.ordinal)
+            .chain(self.peers.iter().copied())
+            .map(|id| CUmemAccessDesc {
+                location: CUmemLocation {
+                    type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id,
+                },
+                flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect()
     }
 
     /// The driver's device handle (`CUdevice`).
