@@ -67,8 +67,8 @@ impl Allocator {
 
     /// An allocator on `device` with a configuration in `PYTORCH_CUDA_ALLOC_CONF` syntax (e.g.
     /// `"expandable_segments:True,max_split_size_mb:128"`; empty for the defaults) and a policy
-    /// (`"cudamem"`, `"cudamem-compact"`, `"pytorch"`, `"pytorch-expandable"`; empty for the configuration's `policy:` key, else
-    /// `"cudamem"`).
+    /// (a name of the policy registry, [`POLICY_NAMES`](cudamem_alloc::policy::POLICY_NAMES);
+    /// empty for the configuration's `policy:` key, else the registry's default).
     pub fn with_config(device: &str, config: &str, policy: &str) -> Result<Allocator, Error> {
         let cfg = AllocatorConfig::parse(config)?;
         Self::with_allocator_config(device, cfg, policy)

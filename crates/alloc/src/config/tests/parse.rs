@@ -315,8 +315,8 @@ fn backend_and_policy() {
     assert!(parse("sharded:True").sharded && !parse("sharded:False").sharded && !parse("").sharded);
     assert!(error("sharded:yes").starts_with("sharded:"), "{}", error("sharded:yes"));
     assert_eq!(
-        parse("policy: pytorch-expandable ").policy.as_deref(),
-        Some("pytorch-expandable")
+        parse("policy: cudamem-compact ").policy.as_deref(),
+        Some("cudamem-compact")
     );
     assert_eq!(
         error("policy:[a:b]"),
