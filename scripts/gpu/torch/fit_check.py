@@ -66,6 +66,8 @@ def child(argv):
         import cudamem
 
         e = cudamem.estimate(fn, a.batch, torch.device("cuda"), policies=["pytorch", "cudamem"])
+        if a.trace:
+            e.save(a.trace)
         out = e.as_dict()
         # The GPU-free largest batch too (recorded at the scaling batches, then scaled), for
         # comparison with the one predicted from real traces.
@@ -147,16 +149,33 @@ def rel(pred, meas):
     return None if not pred or not meas else (pred - meas) / meas
 
 
-def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
+def reduce_trace(path):
+    """A snapshot's allocation events as compact JSON rows [action, addr, size, stream, frames],
+    frames as the four innermost 'name file:line' strings (for comparing two traces offline)."""
+    import pickle
+
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    rows = []
+    for dev in snap.get("device_traces", []):
+        for e in dev:
+            fr = [f"{x.get('name')} {Path(str(x.get('filename'))).name}:{x.get('line')}" for x in (e.get("frames") or [])[:4]]
+            rows.append([e.get("action"), e.get("addr"), e.get("size"), e.get("stream"), fr])
+    return rows
+
+
+def check(name, batches, at, jobs, tmp, with_cudamem, timeout, keep_traces=False):
     import cudamem.estimate as est
 
     r = {"workload": name, "batches": list(batches), "at": at}
     traces = [str(tmp / f"{name}-b{b}.pickle") for b in batches]
     phase1 = [("trace", ["run", name, b, "--trace", t], None) for b, t in zip(batches, traces)]
-    phase1.append(("measured", ["run", name, at], None))
+    kept = {"measured": ["--trace", str(tmp / f"{name}-measured.pickle")],
+            "gpu_free": ["--trace", str(tmp / f"{name}-gpufree.pickle")]} if keep_traces else {}
+    phase1.append(("measured", ["run", name, at, *kept.get("measured", [])], None))
     if with_cudamem:
         phase1.append(("measured_cudamem", ["run", name, at, "--cudamem"], None))
-    phase1.append(("gpu_free", ["estimate", name, at], {"CUDA_VISIBLE_DEVICES": ""}))
+    phase1.append(("gpu_free", ["estimate", name, at, *kept.get("gpu_free", [])], {"CUDA_VISIBLE_DEVICES": ""}))
     # One more worker than --jobs: the GPU-free estimate runs on the CPU.
     with ThreadPoolExecutor(max(1, jobs) + 1) as pool:
         got = list(pool.map(lambda p: (p[0], spawn(p[1], timeout, p[2])), phase1))
@@ -164,6 +183,12 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout):
     for k, g in got:
         if k != "trace":
             r[k] = g
+    for k, (_, path) in kept.items():
+        try:
+            (tmp / "kept").mkdir(exist_ok=True)
+            (tmp / "kept" / f"{name}-{k}.json").write_text(json.dumps(reduce_trace(path)))
+        except (OSError, ValueError, EOFError) as e:
+            r.setdefault("kept_errors", []).append(f"{k}: {e}")
     meas = r["measured"].get("peak_reserved")
     gf = r["gpu_free"]
     if "policies" in gf:
@@ -262,6 +287,8 @@ def main():
     ap.add_argument("--with-cudamem", action="store_true", help="also measure under cudamem.torch.install()")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds; later workloads are skipped past it")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds for one process")
+    ap.add_argument("--keep-traces", action="store_true",
+                    help="also write $OUT/fit-traces.tar.gz: the measured and the GPU-free trace at the check batch")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: the GPU runs replaced by recordings on the CPU (tries the script, not the GPU)")
     a = ap.parse_args()
@@ -283,11 +310,17 @@ def main():
                 results.append({"workload": n, "at": at, "skipped": "out of time budget"})
                 continue
             t0 = time.perf_counter()
-            r = check(n, batches, at, a.jobs, Path(tmp), a.with_cudamem, a.timeout)
+            r = check(n, batches, at, a.jobs, Path(tmp), a.with_cudamem, a.timeout, a.keep_traces)
             r["seconds"] = time.perf_counter() - t0
             r["verdict"] = verdict(r)
             results.append(r)
             print(f"{n}: {r['seconds']:.0f} s, {r['verdict']}", flush=True)
+        if a.keep_traces and (Path(tmp) / "kept").is_dir():
+            import tarfile
+
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            with tarfile.open(Path(a.out) / "fit-traces.tar.gz", "w:gz") as tar:
+                tar.add(Path(tmp) / "kept", arcname="fit-traces")
     md = table(results)
     print()
     print(md)
