@@ -111,9 +111,13 @@ def spawn(side, a):
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", side, str(a.weights_mib), str(a.kv_mib)],
                        capture_output=True, text=True, timeout=240, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        return {"side": side, "error": " | ".join((r.stdout + r.stderr).strip().splitlines()[-8:])}
-    return json.loads(lines[-1][7:])
+    tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-8:])
+    if not lines:
+        return {"side": side, "error": tail}
+    res = json.loads(lines[-1][7:])
+    if r.returncode != 0:  # measured, but the process failed afterwards (at teardown)
+        res["exit_error"] = f"rc={r.returncode}: " + tail[-300:]
+    return res
 
 
 def main():
@@ -125,7 +129,18 @@ def main():
     ap.add_argument("--kv-mib", type=int, default=1536)
     ap.add_argument("--sides", default="cudamem,tms-preload,tms-torch")
     ap.add_argument("--json", default="")
+    ap.add_argument("--from-json", default="", help="only print the table of an earlier run's --json")
     a = ap.parse_args()
+    if a.from_json:
+        with open(a.from_json) as f:
+            runs = json.load(f)
+        for r in runs:  # results printed before a teardown failure was told apart
+            if "error" in r and r["error"].startswith("RESULT "):
+                got = json.loads(r["error"][7:].split(" | ")[0])
+                got.update(round=r.get("round"), exit_error=r["error"].split(" | ", 1)[1][-300:])
+                r.clear()
+                r.update(got)
+        return report(runs, a)
     runs = []
     for rnd in range(a.rounds):
         for side in a.sides.split(","):
@@ -133,6 +148,10 @@ def main():
             r["round"] = rnd
             runs.append(r)
             print(json.dumps(r), flush=True)
+    return report(runs, a)
+
+
+def report(runs, a):
     print("\n| side | GiB slept | free before → asleep GiB | sleep ms (per GiB) | wake ms (per GiB) | outputs equal | graph equal |")
     print("|---|---|---|---|---|---|---|")
     for side in a.sides.split(","):
@@ -148,8 +167,9 @@ def main():
         graphs = "/".join(ge[r["graph_equal"]] for r in ok) if "graph_equal" in ok[0] else "not supported"
         print(f"| {side} | {gib:.2f} | {f0:.2f} → {f1:.2f} (+{(f1 - f0) * 1024:.0f} MiB) | {med('sleep_s') * 1e3:.0f} "
               f"({med('sleep_s') * 1e3 / gib:.0f}) | {med('wake_s') * 1e3:.0f} ({med('wake_s') * 1e3 / gib:.0f}) | "
-              f"{'/'.join(ge[r['outputs_equal']] for r in ok)} | {graphs} |")
-    if a.json:
+              f"{'/'.join(ge[r['outputs_equal']] for r in ok)} | {graphs} |"
+              + (f" exits with an error after the measurement: {ok[0]['exit_error'][-120:]}" if "exit_error" in ok[0] else ""))
+    if a.json and not a.from_json:
         with open(a.json, "w") as f:
             json.dump(runs, f, indent=1)
     return 0
