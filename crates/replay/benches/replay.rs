@@ -63,7 +63,7 @@ fn pair(c: &mut Criterion) {
         ("16MiB", 16 << 20),
         ("64MiB", 64 << 20),
     ] {
-        for policy in ["pytorch", "cudamem"] {
+        for &policy in cudamem_alloc::policy::POLICY_NAMES {
             let dev: std::sync::Arc<dyn Device> = std::sync::Arc::new(SimDevice::default());
             let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
             let p = a.malloc(size, StreamId(0)).unwrap();
