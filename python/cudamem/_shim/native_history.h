@@ -79,8 +79,10 @@ class History {
     recorder_ = enabled ? recorder : nullptr;
     max_entries_ = max_entries;
     skip_ = std::move(skip);
-    if (clear) {
+    if (clear || !enabled) {  // torch drops its trace when recording stops, too
       traces_.clear();
+    }
+    if (clear) {
       annotations_.clear();
     }
     for (auto& t : traces_) {
