@@ -10,7 +10,8 @@ Design. Two modes wrap the recorded code:
   dispatcher: ``torch.autocast("cuda")`` (torch disables it without a GPU) is emulated with
   CUDA's cast lists and its cache of casted weights, and ``scaled_dot_product_attention`` takes
   the fused kernel CUDA would pick (flash for half types, memory-efficient otherwise) instead of
-  the math path that materialises the attention matrix; dropout keeps CUDA's one-byte mask.
+  the math path that materialises the attention matrix; dropout keeps CUDA's one-byte mask;
+  ``Module.to("cuda")`` swaps tensors, so tied parameters stay tied as on CUDA.
 * a ``TorchDispatchMode`` (:class:`_Track`) sees every aten op after decomposition, in program
   order, on the calling thread (the backward pass too: on the CPU the autograd engine runs in the
   caller's thread). Each new storage an op returns is an allocation of its ``nbytes``; a
@@ -111,11 +112,14 @@ class _Redirect(TorchFunctionMode):
             elif func in _FP32_DTYPE and kwargs.get("dtype") is None and args and _eligible(args[0]):
                 kwargs["dtype"] = torch.float32
             elif func is F.cross_entropy and args and _eligible(args[0]) and not kwargs.get("label_smoothing"):
-                # Autocast runs cross_entropy's log_softmax with dtype=float32 (no fp32 copy of
-                # the input) and nll_loss in float32: the same here.
+                # cross_entropy is in no autocast list: its C++ body calls log_softmax with the
+                # input's dtype given (so autocast leaves it in half precision), then nll_loss,
+                # which autocast runs in float32 (a float32 copy of the log-probabilities, saved
+                # for backward next to the half one): the same here.
                 dim = 1 if args[0].dim() >= 2 else 0
                 kw = {k: v for k, v in kwargs.items() if k in ("weight", "ignore_index", "reduction")}
-                return F.nll_loss(F.log_softmax(args[0], dim, dtype=torch.float32), *args[1:], **kw)
+                logp = F.log_softmax(args[0], dim, dtype=args[0].dtype)
+                return F.nll_loss(logp.to(torch.float32), *args[1:], **kw)
         if func is F.scaled_dot_product_attention:
             return _sdpa(*args, **kwargs)
         if func is F.dropout:
@@ -298,6 +302,14 @@ class Recorder:
         self._patch(ac_cls, "__enter__", ac_enter)
         self._patch(ac_cls, "__exit__", ac_exit)
         self._patch(torch.cuda, "synchronize", lambda device=None: None)
+        # Module.to("cuda") keeps a tied parameter tied (``param.data = ...``); CPU -> meta cannot
+        # set data, and its fallback makes a new Parameter per module (two weights, two grads,
+        # two optimizer states). Swapping tensors keeps the Parameter objects, so ties hold.
+        fut = getattr(torch, "__future__", None)
+        if fut is not None and hasattr(fut, "get_swap_module_params_on_conversion"):
+            swap = fut.get_swap_module_params_on_conversion
+            self._patch(fut, "get_swap_module_params_on_conversion",
+                        lambda: sys._getframe(1).f_code.co_name == "_apply" or swap())
         # Activation checkpointing saves the autocast state of the tensors' device (meta here)
         # and recomputes under it: answer for the emulated one.
         is_enabled, get_dtype, available = torch.is_autocast_enabled, torch.get_autocast_dtype, torch.amp.is_autocast_available

@@ -304,3 +304,39 @@ def test_dropout_keeps_cudas_one_byte_mask():
     sizes = [ev["size"] for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
     assert 1000 * 64 in sizes  # the bool mask
     assert sizes.count(1000 * 64 * 4) == 3  # x, the output, x's gradient: no fp32 noise tensor
+
+
+@needs_torch
+def test_tied_weights_stay_tied_on_the_simulated_gpu():
+    import torch
+
+    def step():
+        emb = torch.nn.Embedding(1000, 64)
+        head = torch.nn.Linear(64, 1000, bias=False)
+        head.weight = emb.weight  # tied, as GPT-2
+        m = torch.nn.ModuleDict({"emb": emb, "head": head}).cuda()
+        assert m["head"].weight is m["emb"].weight
+        assert len(list(m.parameters())) == 1
+
+    e = est.estimate(step, policies=["pytorch"])
+    sizes = [ev["size"] for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
+    assert sizes.count(1000 * 64 * 4) == 1  # one weight on the GPU, not one per module
+
+
+@needs_torch
+def test_autocast_cross_entropy_keeps_half_and_float_log_probabilities():
+    import torch
+    import torch.nn.functional as F
+
+    def step():
+        x = torch.randn(32, 500, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = x.to(torch.bfloat16)
+            loss = F.cross_entropy(h, torch.zeros(32, dtype=torch.long, device="cuda"))
+        loss.backward()
+
+    e = est.estimate(step, policies=["pytorch"])
+    names = [(ev["frames"][0]["name"], ev["size"]) for ev in e.trace["device_traces"][0] if ev["action"] == "alloc"]
+    # As torch's CUDA traces show: log_softmax in bf16, then nll_loss's float32 copy of it.
+    assert ("aten._log_softmax", 32 * 500 * 2) in names
+    assert names.index(("aten._log_softmax", 32 * 500 * 2)) < names.index(("aten._to_copy", 32 * 500 * 4))
