@@ -1,0 +1,150 @@
+//! Fragmentation of the default policy on every trace of `tests/data`, pinned: its peak
+//! reserved over peak requested, and the driver calls of a warm pass (the same trace replayed
+//! again on the allocator the first pass filled, its leftovers freed). A change that reserves
+//! more than a trace's pinned ratio, or that makes a warm pass call the driver more often than
+//! pinned, fails here.
+//!
+//! `cargo test -p cudamem-replay --test fragmentation -- --nocapture` prints every registered
+//! policy's figures (the table of `docs/design/fragmentation.md`).
+
+use std::path::PathBuf;
+
+use cudamem_alloc::policy::registry::{DEFAULT, POLICY_NAMES};
+use cudamem_device::DeviceCounters;
+use cudamem_replay::{effective_config, free_leftovers, new_allocator, run_once, Program, ReplayOptions};
+
+/// A trace (`tests/data/<name>.pickle.gz`) and what the default policy may not exceed on it:
+/// peak reserved / peak requested (cold pass and warm pass alike), and the driver calls of a
+/// warm pass (maps + unmaps + mallocs + frees). The ratios are today's, rounded up at the third
+/// decimal; the goal is 1.03 and zero calls (`docs/design/fragmentation.md` says where the
+/// default stands against it). Lower a pin when the default improves.
+const PINNED: &[(&str, f64, u64)] = &[
+    ("gpt2_train", 1.069, 0),
+    ("resnet50_train", 1.013, 0),
+    ("bert_varlen_infer", 1.207, 0),
+    ("multistream_prefetch", 1.038, 3),
+    ("seed_example", 1.023, 0),
+    ("est/generate_b2", 1.033, 0),
+    ("est/generate_b4", 1.044, 0),
+    ("est/ckpt_b1", 1.008, 0),
+    ("est/ckpt_b2", 1.142, 0),
+    ("est/bert_b4", 1.012, 0),
+    ("est/bert_b8", 1.445, 0),
+];
+
+/// The goal of the default policy on every trace.
+const GOAL_RATIO: f64 = 1.03;
+
+fn trace(name: &str) -> cudamem_trace::Trace {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(format!("{name}.pickle.gz"));
+    cudamem_trace::read_path(&p).unwrap()
+}
+
+/// One policy on one trace: two passes on one allocator.
+#[derive(Debug)]
+struct Figures {
+    ratio: f64,
+    cold: DeviceCounters,
+    warm: DeviceCounters,
+    warm_ratio: f64,
+}
+
+fn delta(a: &DeviceCounters, b: &DeviceCounters) -> DeviceCounters {
+    DeviceCounters {
+        mallocs: b.mallocs - a.mallocs,
+        frees: b.frees - a.frees,
+        maps: b.maps - a.maps,
+        unmaps: b.unmaps - a.unmaps,
+        pages_mapped: b.pages_mapped - a.pages_mapped,
+        pages_unmapped: b.pages_unmapped - a.pages_unmapped,
+        events_recorded: b.events_recorded - a.events_recorded,
+        synchronizes: b.synchronizes - a.synchronizes,
+    }
+}
+
+fn measure(name: &str, policy: &str) -> Figures {
+    let t = trace(name);
+    let opts = ReplayOptions {
+        policy: policy.into(),
+        repeats: 0,
+        ..ReplayOptions::default()
+    };
+    let cfg = effective_config(&t, &opts).unwrap();
+    let p = Program::compile(&t.devices[0]);
+    let (target, alloc) = new_allocator(&p, &cfg, &opts, false).unwrap();
+    let mut slots = vec![0u64; p.slots as usize];
+    let (_, ooms, _) = run_once(&p, &mut alloc.lock(), &target, &mut slots, false);
+    assert_eq!(ooms, 0, "{name} under {policy}");
+    let s = alloc.stats();
+    let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
+    free_leftovers(&mut alloc.lock(), &mut slots);
+    let cold = target.device().counters();
+    alloc.reset_peak_memory_stats();
+    let (_, ooms, _) = run_once(&p, &mut alloc.lock(), &target, &mut slots, false);
+    assert_eq!(ooms, 0, "{name} under {policy}, warm");
+    let s = alloc.stats();
+    let warm_ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
+    let warm = delta(&cold, &target.device().counters());
+    Figures {
+        ratio,
+        cold,
+        warm,
+        warm_ratio,
+    }
+}
+
+#[test]
+fn default_policy_keeps_its_pinned_fragmentation_and_warm_pass() {
+    let mut off_goal = Vec::new();
+    for &(name, pin, warm_calls) in PINNED {
+        let f = measure(name, DEFAULT);
+        let w = &f.warm;
+        eprintln!(
+            "{name}: {DEFAULT} ratio {:.4} warm {:.4}, warm driver calls {w:?}",
+            f.ratio, f.warm_ratio
+        );
+        assert!(
+            f.ratio <= pin,
+            "{name}: peak reserved / peak requested {:.4} > pinned {pin}",
+            f.ratio
+        );
+        assert!(
+            f.warm_ratio <= pin,
+            "{name}: warm pass {:.4} > pinned {pin}",
+            f.warm_ratio
+        );
+        let calls = w.maps + w.unmaps + w.mallocs + w.frees;
+        assert!(
+            calls <= warm_calls,
+            "{name}: the warm pass called the driver {calls} times (pinned {warm_calls}): {w:?}"
+        );
+        if f.ratio > GOAL_RATIO || calls > 0 {
+            off_goal.push(name);
+        }
+    }
+    eprintln!("off the goal ({GOAL_RATIO}, no warm driver calls): {off_goal:?}");
+}
+
+/// Every policy's figures, for the design note (prints; asserts nothing but no OOM).
+#[test]
+#[ignore]
+fn table() {
+    for &(name, _, _) in PINNED {
+        for &policy in POLICY_NAMES {
+            let f = measure(name, policy);
+            let c = &f.cold;
+            let w = &f.warm;
+            eprintln!(
+                "{name:22} {policy:20} ratio {:.4} warm {:.4} | cold maps+unmaps {:6} mallocs+frees {:4} | warm maps+unmaps {:6} mallocs+frees {:4}",
+                f.ratio,
+                f.warm_ratio,
+                c.maps + c.unmaps,
+                c.mallocs + c.frees,
+                w.maps + w.unmaps,
+                w.mallocs + w.frees
+            );
+        }
+    }
+}
