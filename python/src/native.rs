@@ -31,7 +31,7 @@ use crate::registry;
 use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 7;
+pub const NATIVE_API_VERSION: u32 = 8;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -108,6 +108,12 @@ pub struct NativeApi {
         pool_allocator::FreeFn,
         pool_allocator::DropFn,
     ) -> c_int,
+    /// `(ptr, out, cap) -> n`: the streams of a block freed during a capture that waits for
+    /// other streams' uses, its allocation stream first (at most `cap` written; `n` is the
+    /// count); -1 for any other pointer or with `graph_capture_record_stream_reuse` off.
+    pub deferred_streams: unsafe extern "C" fn(*mut c_void, *mut u64, usize) -> c_int,
+    /// `(ptr) -> kind`: that block back to its pool now (the capture's graph orders its uses).
+    pub release_deferred: extern "C" fn(*mut c_void) -> c_int,
 }
 
 pub use crate::native_snapshot::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
@@ -146,6 +152,8 @@ static API: NativeApi = NativeApi {
     ipc_close: ipc::nat_ipc_close,
     set_trace_hook: trackers::nat_set_trace_hook,
     pool_create_with: pool_allocator::nat_pool_create_with,
+    deferred_streams: nat_deferred_streams,
+    release_deferred: nat_release_deferred,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.
@@ -272,6 +280,34 @@ unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int 
     });
     unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 4) };
     kind
+}
+
+unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {
+    let found = catch_unwind(AssertUnwindSafe(|| {
+        registry::existing().find_map(|(_, a)| a.lock().deferred_streams(ptr as u64))
+    }));
+    let Ok(Some(streams)) = found else {
+        return -1;
+    };
+    for (i, s) in streams.iter().take(cap).enumerate() {
+        // SAFETY: the caller passes `cap` writable u64.
+        unsafe { *out.add(i) = s.0 };
+    }
+    streams.len() as c_int
+}
+
+extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
+    run("release_deferred", || {
+        let ptr = ptr as u64;
+        let owner = registry::existing().find(|(_, a)| a.lock().deferred_streams(ptr).is_some());
+        let Some((_, a)) = owner else {
+            return Err(ffi::CError {
+                kind: ERR_INVALID,
+                message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
+            });
+        };
+        a.lock().release_deferred(ptr).map_err(aerr)
+    })
 }
 
 extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {

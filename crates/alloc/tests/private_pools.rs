@@ -175,6 +175,67 @@ fn nothing_queries_records_or_releases_while_allocating_to_a_pool() {
 }
 
 #[test]
+fn with_record_stream_reuse_a_deferred_block_is_released_when_the_caller_says_so() {
+    for &policy in POLICIES {
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            capacity: 8 << 30,
+            event_mode: EventMode::Manual,
+            ..SimConfig::default()
+        }));
+        let mut config = AllocatorConfig::default();
+        config.graph_capture_record_stream_reuse = true;
+        let a = CachingAllocator::with_policy(sim.clone(), config, policy).unwrap();
+        let mut e = a.lock();
+        let slot = e.begin_allocate_to_pool(G1).unwrap();
+        let p = e.malloc_in_pool(MIB, S0, slot).unwrap();
+        let plain = e.malloc_in_pool(MIB, S0, slot).unwrap();
+        e.record_stream(p, S1).unwrap();
+        e.free(p).unwrap();
+        e.free(plain).unwrap();
+        assert_eq!(e.deferred_streams(p), Some(vec![S0, S1]), "{policy}");
+        assert_eq!(
+            e.deferred_streams(plain),
+            None,
+            "{policy}: a block without other uses is free already"
+        );
+        e.release_deferred(p).unwrap();
+        assert_eq!(e.deferred_streams(p), None, "{policy}");
+        assert!(e.release_deferred(p).is_err(), "{policy}: released twice");
+        assert_eq!(sim.live_events(), 0, "{policy}: no event during the capture");
+        // Released, the block serves the capture's next allocation of its size.
+        let q = e.malloc_in_pool(MIB, S0, slot).unwrap();
+        assert!(q == p || q == plain, "{policy}: {q:#x} is neither freed block");
+        let r = e.malloc_in_pool(MIB, S0, slot).unwrap();
+        assert!(
+            HashSet::from([q, r]) == HashSet::from([p, plain]),
+            "{policy}: both blocks reused"
+        );
+        e.end_allocate_to_pool(G1).unwrap();
+        assert_eq!(
+            sim.live_events(),
+            0,
+            "{policy}: nothing left to record after the capture"
+        );
+        e.free(q).unwrap();
+        e.free(r).unwrap();
+        drop(e);
+        a.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn without_record_stream_reuse_no_deferred_block_is_offered() {
+    let (_, a) = setup("cudamem", EventMode::Manual);
+    let mut e = a.lock();
+    let slot = e.begin_allocate_to_pool(G1).unwrap();
+    let p = e.malloc_in_pool(MIB, S0, slot).unwrap();
+    e.record_stream(p, S1).unwrap();
+    e.free(p).unwrap();
+    assert_eq!(e.deferred_streams(p), None);
+    e.end_allocate_to_pool(G1).unwrap();
+}
+
+#[test]
 fn pool_calls_that_make_no_sense_are_errors() {
     let (_, a) = setup("pytorch", EventMode::Immediate);
     let mut e = a.lock();

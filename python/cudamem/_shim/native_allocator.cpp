@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "native_api.h"
+#include "native_capture.h"
 #include "native_history.h"
 #include "native_ipc.h"
 #include "native_memory.h"
@@ -85,6 +86,10 @@ c10::Device cuda_device(int device) {
 // What raw_free needs of the allocator object (set once, when it is installed).
 std::atomic<bool> g_history_on{false};
 cudamem_history::History* g_history = nullptr;
+// Open captures and pool contexts (torch's captures_underway), and the blocks freed during
+// them that wait for other streams (graph_capture_record_stream_reuse).
+std::atomic<int> g_captures{0};
+cudamem_capture::Reuse g_reuse;
 
 // The context of a free's events (context "all"), when torch's history is recorded.
 cudamem_history::Ctx free_context() {
@@ -109,6 +114,14 @@ void raw_free(void* ptr) {
     std::string msg = last_error_message(nullptr);
     std::fprintf(stderr, "cudamem: free failed: %s\n", msg.c_str());
     return;
+  }
+  if (g_captures.load(std::memory_order_relaxed) > 0) {
+    try {
+      g_reuse.on_free(ptr, g_api);
+    } catch (const std::exception& e) {
+      // The block still waits for the capture's end, as without the setting.
+      std::fprintf(stderr, "cudamem: %s\n", e.what());
+    }
   }
   if (profiling) {
     c10::reportMemoryUsageToProfiler(
@@ -262,7 +275,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
       captures_.resize(device + 1);
     }
     captures_[device].push_back(Capture{mempool_id, std::move(filter), slot});
-    n_captures_.fetch_add(1);
+    g_captures.fetch_add(1);
   }
 
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
@@ -272,7 +285,9 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (it->id == mempool_id) {
         v.erase(it);
-        n_captures_.fetch_sub(1);
+        if (g_captures.fetch_sub(1) == 1) {
+          g_reuse.clear();  // the engine has recorded the events of what still waited
+        }
         return;
       }
     }
@@ -421,7 +436,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
 
   // The private pool that an allocation on `stream` goes to (its slot), or -1.
   int slot_for(int device, cudaStream_t stream) {
-    if (n_captures_.load(std::memory_order_relaxed) == 0) {
+    if (g_captures.load(std::memory_order_relaxed) == 0) {
       return -1;
     }
     std::lock_guard<std::mutex> g(mutex_);
@@ -462,13 +477,14 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     void* p = nullptr;
     cudamem_history::Scope scope(
         g_history_on.load(std::memory_order_relaxed) ? history_.gather(CCA::RecordContext::STATE) : nullptr);
-    if (n_captures_.load(std::memory_order_relaxed) == 0) {
+    if (g_captures.load(std::memory_order_relaxed) == 0) {
       p = g_api->malloc(device, size, stream, -1, info);
     } else {
       // While any capture is underway the driver refuses memory calls in the default
       // (global) capture mode. Allocating during capture is fine as long as the memory is not
       // freed before replay (a private pool keeps it), so allow it, as torch's allocator does.
       c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+      g_reuse.before_malloc(stream, g_api);
       p = g_api->malloc(device, size, stream, slot_for(device, stream), info);
     }
     if (p == nullptr) {
@@ -512,7 +528,6 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
 
   std::mutex mutex_;
   std::vector<std::vector<Capture>> captures_;
-  std::atomic<int> n_captures_{0};
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   cudamem_history::Trackers trackers_;
   std::mutex hook_mutex_;
@@ -553,11 +568,14 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
     }
     g_api = a;
     g_last_error = reinterpret_cast<LastErrorFn>(last_error);
-    static std::shared_ptr<CudamemAllocator> allocator = std::make_shared<CudamemAllocator>();
-    g_history = &allocator->history_;
-    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+    // Never destroyed, as torch's own allocator is not: static destructors at exit still free
+    // tensors through it, and its history holds Python tracebacks that must not be released
+    // once the interpreter is gone.
+    static auto* allocator = new std::shared_ptr<CudamemAllocator>(std::make_shared<CudamemAllocator>());
+    g_history = &(*allocator)->history_;
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(*allocator);
     // torch.accelerator's calls find the CUDA allocator through c10's registry.
-    c10::SetAllocator(c10::DeviceType::CUDA, allocator.get(), /*priority=*/UINT8_MAX);
+    c10::SetAllocator(c10::DeviceType::CUDA, allocator->get(), /*priority=*/UINT8_MAX);
     return 0;
   } catch (const std::exception& e) {
     write_message(e.what(), msg, len);

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-constexpr uint32_t kApiVersion = 7;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 8;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
@@ -69,4 +69,6 @@ struct NativeApi {
   int (*ipc_close)(int, uint64_t, int);
   int (*set_trace_hook)(void*, TraceHook);
   int (*pool_create_with)(int, uint64_t, uint64_t, void*, PoolAllocFn, PoolFreeFn, PoolDropFn);
+  int (*deferred_streams)(void*, uint64_t*, size_t);
+  int (*release_deferred)(void*);
 };

@@ -16,9 +16,9 @@
 //   allocation context.
 // * Trace entries are kept while recording is enabled, whatever the context (at most
 //   max_entries per device, oldest dropped first), minus skip_actions, each with the compile
-//   context on top ("N/A" when none) and the user metadata set at the time; block and segment
-//   contexts from context "state" on. Times are torch's approximate clock, turned into
-//   microseconds at snapshot.
+//   context on top ("N/A" when none) and the user metadata set at the time; entries carry frames
+//   from context "alloc" on, block and segment contexts from context "state" on. Times are
+//   torch's approximate clock, turned into microseconds at snapshot.
 // * The hook runs under the engine's lock; this history's mutex is taken inside it and never
 //   held while calling the engine.
 //
@@ -155,6 +155,11 @@ class History {
     }
     if (traces_.size() <= static_cast<size_t>(device)) {
       traces_.resize(device + 1);
+    }
+    // As torch's: trace entries carry frames from context "alloc" on; with "state" only the
+    // blocks and segments do.
+    if (when_ < CCA::RecordContext::ALLOC) {
+      ctx = nullptr;
     }
     auto& t = traces_[device];
     t.emplace_back(

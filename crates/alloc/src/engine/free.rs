@@ -1,8 +1,10 @@
 //! # free: an allocation back to its pool
 //!
 //! The block stops counting as allocated at once. If other streams used it (`record_stream`),
-//! it waits for their events (or, while a capture is open, for the capture's end); then it is
-//! merged with free neighbours and returned to its pool.
+//! it waits for their events (or, while a capture is open, for the capture's end, or with
+//! `graph_capture_record_stream_reuse` until the caller finds in the capture's graph that its
+//! uses are over: [`Engine::release_deferred`]); then it is merged with free neighbours and
+//! returned to its pool.
 
 #[allow(unused_imports)]
 use super::*;
@@ -51,6 +53,45 @@ impl<S: StatSink> Engine<S> {
         } else {
             self.insert_events(id);
         }
+        Ok(())
+    }
+
+    /// With `graph_capture_record_stream_reuse`, the streams of the block at `ptr` if it is
+    /// waiting, freed during a capture, for the uses other streams made of it: its allocation
+    /// stream first, then those. `None` for any other pointer, or with the setting off.
+    pub fn deferred_streams(&self, ptr: u64) -> Option<Vec<StreamId>> {
+        if !self.config.graph_capture_record_stream_reuse {
+            return None;
+        }
+        let id = self
+            .private
+            .deferred
+            .iter()
+            .copied()
+            .find(|&id| self.blocks[id].addr == ptr)?;
+        let b = &self.blocks[id];
+        let mut streams = vec![b.stream];
+        streams.extend(b.stream_uses.as_deref().into_iter().flatten().copied());
+        Some(streams)
+    }
+
+    /// Returns the deferred block at `ptr` (see [`Engine::deferred_streams`]) to its pool now,
+    /// with no event: PyTorch's `free_safe_blocks_in_capture`.
+    ///
+    /// Requires that the caller has found, in the capture's graph, that everything captured
+    /// from now on runs after the block's last use on each of its streams (every stream's free
+    /// marker precedes every current terminal node of the capture).
+    pub fn release_deferred(&mut self, ptr: u64) -> Result<(), AllocError> {
+        let blocks = &self.blocks;
+        let Some(i) = self.private.deferred.iter().position(|&id| blocks[id].addr == ptr) else {
+            return Err(AllocError::InvalidArgument(format!(
+                "{ptr:#x} is not a block freed during a capture and waiting for other streams"
+            )));
+        };
+        let id = self.private.deferred.swap_remove(i);
+        self.blocks[id].stream_uses = None;
+        let small = self.is_small(self.blocks[id].pool);
+        self.free_block_of(id, small);
         Ok(())
     }
 
