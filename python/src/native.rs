@@ -299,14 +299,16 @@ unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: 
 extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
     run("release_deferred", || {
         let ptr = ptr as u64;
-        let owner = registry::existing().find(|(_, a)| a.lock().deferred_streams(ptr).is_some());
-        let Some((_, a)) = owner else {
-            return Err(ffi::CError {
-                kind: ERR_INVALID,
-                message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
-            });
-        };
-        a.lock().release_deferred(ptr).map_err(aerr)
+        for (_, a) in registry::existing() {
+            let mut e = a.lock();
+            if e.deferred_streams(ptr).is_some() {
+                return e.release_deferred(ptr).map_err(aerr);
+            }
+        }
+        Err(ffi::CError {
+            kind: ERR_INVALID,
+            message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
+        })
     })
 }
 

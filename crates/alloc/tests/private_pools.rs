@@ -16,13 +16,17 @@ const G1: MempoolId = (1, 0);
 const G2: MempoolId = (2, 0);
 
 fn setup(policy: &str, mode: EventMode) -> (Arc<SimDevice>, CachingAllocator) {
+    setup_with(policy, mode, AllocatorConfig::default())
+}
+
+fn setup_with(policy: &str, mode: EventMode, config: AllocatorConfig) -> (Arc<SimDevice>, CachingAllocator) {
     let sim = Arc::new(SimDevice::new(SimConfig {
         capacity: 8 << 30,
         event_mode: mode,
         ..SimConfig::default()
     }));
     let dev: Arc<dyn Device> = sim.clone();
-    let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
+    let a = CachingAllocator::with_policy(dev, config, policy).unwrap();
     (sim, a)
 }
 
@@ -177,14 +181,9 @@ fn nothing_queries_records_or_releases_while_allocating_to_a_pool() {
 #[test]
 fn with_record_stream_reuse_a_deferred_block_is_released_when_the_caller_says_so() {
     for &policy in POLICIES {
-        let sim = Arc::new(SimDevice::new(SimConfig {
-            capacity: 8 << 30,
-            event_mode: EventMode::Manual,
-            ..SimConfig::default()
-        }));
         let mut config = AllocatorConfig::default();
         config.graph_capture_record_stream_reuse = true;
-        let a = CachingAllocator::with_policy(sim.clone(), config, policy).unwrap();
+        let (sim, a) = setup_with(policy, EventMode::Manual, config);
         let mut e = a.lock();
         let slot = e.begin_allocate_to_pool(G1).unwrap();
         let p = e.malloc_in_pool(MIB, S0, slot).unwrap();

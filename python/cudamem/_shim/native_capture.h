@@ -85,7 +85,7 @@ class Reuse {
     }
     Deferred d;
     d.stream = reinterpret_cast<cudaStream_t>(streams[0]);
-    if (n <= 64) {
+    if (n <= 64) {  // more streams than that: no markers, the block waits for the end
       std::unordered_set<cudaGraphNode_t> markers;
       bool all_capturing = true;
       for (int i = 0; i < n && all_capturing; ++i) {
