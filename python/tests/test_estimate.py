@@ -278,6 +278,30 @@ def test_largest_batch_without_a_gpu():
 
 
 @needs_torch
+def test_largest_batch_is_verified_where_scaling_guesses_wrong():
+    import torch
+
+    def job(batch):  # quadratic in the batch: a straight-line fit from 2, 4, 8 guesses too high
+        x = torch.empty(batch * batch << 10, dtype=torch.uint8, device="cuda")
+        y = torch.empty(batch << 20, dtype=torch.uint8, device="cuda")
+        del x, y
+
+    r = est.largest_batch(job, "1GiB", batches=(2, 4, 8), policies=["pytorch"])
+    row = r["largest"][0]
+    b = row["largest_batch"]
+    assert row["verified"] and row["scaled_batch"] != b, row
+    assert est.estimate(job, b, device_memory="1GiB", policies=["pytorch"]).fits()
+    assert not est.estimate(job, b + 1, device_memory="1GiB", policies=["pytorch"]).fits()
+    assert row["probes"][str(b)] is True and row["probes"][str(b + 1)] is False
+    assert row["spare_bytes"] == (1 << 30) - row["peak_reserved_bytes"] >= 0
+    assert row["next_batch"] == b + 1 and row["next_batch_needs_bytes"] > 1 << 30
+    unverified = est.largest_batch(job, "1GiB", batches=(2, 4, 8), policies=["pytorch"], verify=False)
+    assert unverified["largest"][0]["largest_batch"] == row["scaled_batch"]
+    with pytest.raises(ValueError, match="max_probes"):
+        est.largest_batch(job, "1GiB", batches=(2, 4), max_probes=1)
+
+
+@needs_torch
 def test_inference_mode_gets_one_cublas_workspace():
     import torch
 

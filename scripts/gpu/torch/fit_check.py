@@ -13,8 +13,10 @@ variable-length BERT inference, generation with a growing KV cache, activation c
    --with-cudamem also under cudamem.torch.install());
 2. the GPU-free estimate at the check batch: cudamem.estimate in a process that sees no GPU
    (CUDA_VISIBLE_DEVICES empty);
-3. the trace-scaling estimate at the check batch, and the largest batch for 24 GiB and 40 GiB
-   (cudamem.estimate.scale, on the simulated GPU);
+3. the trace-scaling estimate at the check batch, and its guess of the largest batch for 24 GiB
+   and 40 GiB (cudamem.estimate.scale, on the simulated GPU); the predicted largest batch is the
+   GPU-free search's (cudamem.estimate.largest_batch: that guess from GPU-free recordings,
+   verified by recording and replaying b and b + 1);
 4. runs the predicted largest batch and the next one, each in a fresh process under
    torch.cuda.set_per_process_memory_fraction(capacity / total memory).
 
@@ -69,16 +71,11 @@ def child(argv):
         if a.trace:
             e.save(a.trace)
         out = e.as_dict()
-        # The GPU-free largest batch too (recorded at the scaling batches, then scaled), for
-        # comparison with the one predicted from real traces.
+        # The GPU-free largest batch: recorded at the scaling batches and scaled for a first
+        # guess, then recorded at candidate batches until b fits and b + 1 does not.
         batches = fit_models.WORKLOADS[a.workload][1]
-        traces = []
-        for b in batches:
-            with cudamem.estimate.recording() as rec:
-                fn(b, torch.device("cuda"))
-            traces.append(rec.builder.snapshot())
-        out["largest"] = {label: cudamem.estimate.scale(traces, list(batches), capacity=cap,
-                                                        policies=["pytorch"])["largest"][0]
+        out["largest"] = {label: cudamem.estimate.largest_batch(fn, cap, torch.device("cuda"), batches=batches,
+                                                                policies=["pytorch"])["largest"][0]
                           for label, cap in CAPACITIES}
         out["seconds"] = time.perf_counter() - t0
         out["cuda_available"] = torch.cuda.is_available()
@@ -209,8 +206,12 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout, keep_traces=False
         for label, cap in CAPACITIES:
             lg = est.scale(traces, list(batches), capacity=cap, policies=["pytorch"])["largest"][0]
             r.setdefault("largest", {})[label] = lg
-            if lg["largest_batch"] is not None:
-                b = lg["largest_batch"]
+            # The batch run under the cap: the GPU-free search's, verified by replaying
+            # recordings at b and b + 1; the traces' scaled guess where that search failed.
+            gl = gf.get("largest", {}).get(label, {})
+            b = gl.get("largest_batch") if gl.get("verified") else lg["largest_batch"]
+            r.setdefault("predicted", {})[label] = {"batch": b, "by": "gpu_free" if gl.get("verified") else "scale"}
+            if b is not None:
                 trials += [(label, b, cap), (label, b + 1, cap)]
     except ValueError as e:
         r["scale"] = {"error": str(e)}
@@ -248,8 +249,8 @@ def verdict(r):
 
 def table(results):
     rows = ["| workload | batch | measured peak reserved GiB | GPU-free estimate GiB (error) | scaling estimate GiB "
-            "(error) | scaling confidence | 24 GiB: predicted batch / runs / next fails | 40 GiB: predicted batch / "
-            "runs / next fails |", "|---|---|---|---|---|---|---|---|"]
+            "(error) | scaling confidence | 24 GiB: scaled guess; predicted batch / runs / next fails | 40 GiB: "
+            "scaled guess; predicted batch / runs / next fails |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "skipped" in r:
             rows.append(f"| {r['workload']} | {r.get('at', '')} | skipped: {r['skipped']} | | | | | |")
@@ -264,14 +265,16 @@ def table(results):
         caps = []
         for label, _ in CAPACITIES:
             runs = r.get("capped", {}).get(label, [])
-            lg = r.get("largest", {}).get(label, {})
+            guess = r.get("largest", {}).get(label, {}).get("largest_batch", "-")
+            pred = r.get("predicted", {}).get(label, {})
+            by = "" if pred.get("by") == "gpu_free" else " (scaled)"
             if len(runs) == 2:
                 # ok is False for an out-of-memory error; a run that failed otherwise has no ok.
                 word = {True: "yes", False: "no", None: "error"}
                 fits, nxt = runs[0].get("ok"), runs[1].get("ok")
-                caps.append(f"{lg.get('largest_batch')} / {word[fits]} / {word[None if nxt is None else not nxt]}")
+                caps.append(f"{guess}; {pred.get('batch')}{by} / {word[fits]} / {word[None if nxt is None else not nxt]}")
             else:
-                caps.append(str(lg.get("largest_batch", "-")))
+                caps.append(f"{guess}; {pred.get('batch', '-')}{by}")
         m = gib(meas.get("peak_reserved")) if meas.get("ok") else f"error: {str(meas.get('error'))[:120]}"
         rows.append(f"| {r['workload']} | {r['at']} | {m} | {gfs} | {scs} | {conf} | {caps[0]} | {caps[1]} |")
     return "\n".join(rows)
