@@ -13,7 +13,8 @@
 //   engine's events of that call (alloc, segment_alloc, segment_map, free_requested,
 //   free_completed, segment_free, segment_unmap, oom) arrive through the trace hook on the same
 //   thread and take that context (Scope); a block's free events without one take the block's
-//   allocation context.
+//   allocation context. A segment shows its context until an allocation splits its head block
+//   (torch keeps it on the head block, which a split moves behind the new one).
 // * Trace entries are kept while recording is enabled, whatever the context (at most
 //   max_entries per device, oldest dropped first), minus skip_actions, each with the compile
 //   context on top ("N/A" when none) and the user metadata set at the time; entries carry frames
@@ -122,11 +123,23 @@ class History {
     }
     Ctx ctx = call_context();
     switch (action) {
-      case Action::ALLOC:
+      case Action::ALLOC: {
         if (ctx) {
           block_ctx_[addr] = ctx;
         }
+        // Torch keeps a segment's context on its first block, and a split moves that block
+        // behind the new one: a segment whose head is split shows no frames from then on.
+        auto seg = segment_ctx_.find(addr);
+        if (seg != segment_ctx_.end()) {
+          const uint64_t block = (size + 511) / 512 * 512;
+          const uint64_t rest = block < seg->second.size ? seg->second.size - block : 0;
+          const bool small_rule = seg->second.mapped || seg->second.size <= (2u << 20);
+          if (small_rule ? rest >= 512 : rest > (1u << 20)) {
+            segment_ctx_.erase(seg);
+          }
+        }
         break;
+      }
       case Action::FREE_REQUESTED:
       case Action::FREE_COMPLETED: {
         auto it = block_ctx_.find(addr);
@@ -141,7 +154,7 @@ class History {
       case Action::SEGMENT_ALLOC:
       case Action::SEGMENT_MAP:
         if (ctx && segment_ctx_.find(addr) == segment_ctx_.end()) {
-          segment_ctx_[addr] = ctx;
+          segment_ctx_[addr] = SegmentCtx{ctx, size, action == Action::SEGMENT_MAP};
         }
         break;
       case Action::SEGMENT_FREE:
@@ -212,7 +225,7 @@ class History {
   Ctx segment_context(uint64_t addr) {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = segment_ctx_.find(addr);
-    return it == segment_ctx_.end() ? nullptr : it->second;
+    return it == segment_ctx_.end() ? nullptr : it->second.ctx;
   }
 
   // snapshot(): the traces and annotations, with times in microseconds.
@@ -244,7 +257,14 @@ class History {
   std::vector<std::deque<CCA::TraceEntry>> traces_;
   std::vector<CDA::AnnotationEntry> annotations_;
   std::unordered_map<uint64_t, Ctx> block_ctx_;
-  std::unordered_map<uint64_t, Ctx> segment_ctx_;
+  // A segment's context, its size and whether it was mapped (expandable: torch splits those
+  // by the small pool's rule), keyed by its address.
+  struct SegmentCtx {
+    Ctx ctx;
+    uint64_t size;
+    bool mapped;
+  };
+  std::unordered_map<uint64_t, SegmentCtx> segment_ctx_;
   std::vector<std::string> compile_context_;
   std::string user_metadata_;
   c10::ApproximateClockToUnixTimeConverter converter_;
