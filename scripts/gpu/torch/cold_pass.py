@@ -1,0 +1,144 @@
+"""The cold pass against PyTorch's own allocator: a real trace replayed through torch's allocator
+interface, side by side with cudamem installed as torch's allocator.
+
+    python3 scripts/gpu/torch/cold_pass.py [--rounds 3] [--out DIR] [TRACE.pickle.gz ...]
+    (default traces: tests/data/{gpt2_train,resnet50_train,bert_varlen_infer,multistream_prefetch})
+
+Each trace's allocations and frees (alloc / free_requested, on their streams) are made through
+torch.cuda.caching_allocator_alloc / caching_allocator_delete, the thinnest path torch offers to
+its CUDA allocator, in a fresh process: once with torch's native allocator, once after
+cudamem.torch.install() (the policy of CUDAMEM_POLICY, default cudamem). Both pay the same
+Python per call, so the ratio is of the allocators plus that shared cost: it understates the
+allocators' own difference, never reverses it. Pass 1 is the cold pass (an empty allocator:
+every segment is made); pass 2 repeats the trace on the now-warm cache. The two kinds of process
+alternate, --rounds of each; the figure is the median per kind.
+
+Reported per trace: ns per operation in the cold and the warm pass, cudamem / native, and the
+device allocations of each pass (memory_stats()["num_device_alloc"]: cudaMalloc calls for torch,
+mappings for cudamem's expandable policies). Writes cold-pass.json and prints a table.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT = ["gpt2_train", "resnet50_train", "bert_varlen_infer", "multistream_prefetch"]
+
+
+def load_ops(path):
+    """The trace as [(is_alloc, trace_addr, size, stream)], frees of unseen blocks dropped."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        snap = pickle.load(f)
+    ops, live = [], set()
+    for e in snap["device_traces"][0]:
+        a = e["action"]
+        if a == "alloc":
+            ops.append((True, e["addr"], e["size"], e["stream"]))
+            live.add(e["addr"])
+        elif a == "free_requested" and e["addr"] in live:
+            ops.append((False, e["addr"], 0, e["stream"]))
+            live.discard(e["addr"])
+    return ops
+
+
+def child(kind, trace):
+    if kind == "cudamem":
+        import cudamem.torch
+
+        cudamem.torch.install()
+    import torch
+
+    ops = load_ops(trace)
+    torch.cuda.init()
+    streams = {s: (0 if s == 0 else torch.cuda.Stream().cuda_stream) for s in {op[3] for op in ops}}
+    alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
+    out = {"kind": kind, "ops": len(ops), "allocator": torch.cuda.memory.get_allocator_backend()}
+    for name in ("cold", "warm"):
+        before = torch.cuda.memory_stats().get("num_device_alloc", 0)
+        ptrs = {}
+        t0 = time.perf_counter_ns()
+        for is_alloc, addr, size, stream in ops:
+            if is_alloc:
+                ptrs[addr] = alloc(size, 0, streams[stream])
+            else:
+                delete(ptrs.pop(addr))
+        t1 = time.perf_counter_ns()
+        for p in ptrs.values():  # blocks the trace never freed: freed untimed, for the next pass
+            delete(p)
+        torch.cuda.synchronize()
+        out[name] = {"ns_per_op": (t1 - t0) / len(ops),
+                     "device_allocs": torch.cuda.memory_stats().get("num_device_alloc", 0) - before,
+                     "peak_reserved": torch.cuda.max_memory_reserved()}
+    print("RESULT " + json.dumps(out))
+    return 0
+
+
+def spawn(kind, trace):
+    r = subprocess.run([sys.executable, __file__, "--child", kind, str(trace)], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        return {"error": f"rc={r.returncode}: " + " | ".join((r.stdout + r.stderr).strip().splitlines()[-8:])}
+    return json.loads(lines[-1][7:])
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return child(sys.argv[2], sys.argv[3])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="*")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if a.rounds < 1:
+        print("--rounds: at least 1", file=sys.stderr)
+        return 2
+    traces = [Path(t) for t in a.traces] or [ROOT / "tests" / "data" / f"{n}.pickle.gz" for n in DEFAULT]
+    missing = [str(t) for t in traces if not t.is_file()]
+    if missing:
+        print(f"no such trace: {missing}", file=sys.stderr)
+        return 2
+    results = []
+    for t in traces:
+        runs = {"native": [], "cudamem": []}
+        for _ in range(a.rounds):
+            for kind in ("native", "cudamem"):  # alternated, each in a fresh process
+                runs[kind].append(spawn(kind, t))
+        results.append({"trace": t.name.split(".")[0], "runs": runs})
+        print(f"{t.name}: done", flush=True)
+    rows = ["| trace | ops | cold ns/op native / cudamem (ratio) | warm ns/op native / cudamem (ratio) | device allocs "
+            "cold native / cudamem | device allocs warm native / cudamem |", "|---|---|---|---|---|---|"]
+    for r in results:
+        ok = {k: [x for x in v if "error" not in x] for k, v in r["runs"].items()}
+        if not ok["native"] or not ok["cudamem"]:
+            errs = [x["error"] for v in r["runs"].values() for x in v if "error" in x]
+            rows.append(f"| {r['trace']} | error: {errs[0][:200]} | | | | |")
+            continue
+        med = {k: {p: statistics.median(x[p]["ns_per_op"] for x in v) for p in ("cold", "warm")} for k, v in ok.items()}
+        allocs = {k: {p: v[0][p]["device_allocs"] for p in ("cold", "warm")} for k, v in ok.items()}
+        r["median_ns_per_op"], r["device_allocs"] = med, allocs
+        r["ratio"] = {p: med["cudamem"][p] / med["native"][p] for p in ("cold", "warm")}
+        cells = [f"{med['native'][p]:.0f} / {med['cudamem'][p]:.0f} ({r['ratio'][p]:.2f})" for p in ("cold", "warm")]
+        rows.append(f"| {r['trace']} | {ok['native'][0]['ops']} | {cells[0]} | {cells[1]} | "
+                    f"{allocs['native']['cold']} / {allocs['cudamem']['cold']} | "
+                    f"{allocs['native']['warm']} / {allocs['cudamem']['warm']} |")
+    md = "\n".join(rows)
+    print(md)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cold-pass.json").write_text(json.dumps(results, indent=1))
+    (out / "cold-pass.md").write_text(md + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
