@@ -365,10 +365,8 @@ def _verify_largest(row: dict, fits: Callable[[int], bool], max_probes: int) -> 
                 hi = lo + step
     else:
         hi, step = guess, 1
-        while lo is None and len(probes) < max_probes:
-            b = hi - step
-            if b < 1:
-                break
+        while lo is None and hi > 1 and len(probes) < max_probes:
+            b = max(1, hi - step)
             if probe(b):
                 lo = b
             else:

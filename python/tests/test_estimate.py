@@ -364,3 +364,28 @@ def test_autocast_cross_entropy_keeps_half_and_float_log_probabilities():
     # As torch's CUDA traces show: log_softmax in bf16, then nll_loss's float32 copy of it.
     assert ("aten._log_softmax", 32 * 500 * 2) in names
     assert names.index(("aten._log_softmax", 32 * 500 * 2)) < names.index(("aten._to_copy", 32 * 500 * 4))
+
+
+@pytest.mark.parametrize("guess,edge", [(10, 37), (37, 37), (38, 37), (500, 37), (1, 37), (5, 1), (3, 0), (None, 4)])
+def test_the_largest_batch_search_ends_where_b_fits_and_b_plus_1_does_not(guess, edge):
+    calls = []
+
+    def fits(b):
+        calls.append(b)
+        return b <= edge
+
+    row = {"largest_batch": guess}
+    est._verify_largest(row, fits, max_probes=24)
+    assert row["scaled_batch"] == guess and len(calls) == len(set(calls)) <= 24
+    if edge == 0:
+        assert row["largest_batch"] is None and row["probes"]["1"] is False and row["verified"]
+    else:
+        assert row["largest_batch"] == edge and row["verified"], row
+        assert row["probes"][str(edge)] is True and row["probes"][str(edge + 1)] is False
+
+
+def test_the_largest_batch_search_says_when_it_ran_out_of_probes():
+    row = {"largest_batch": 1}
+    est._verify_largest(row, lambda b: b <= 100_000, max_probes=4)
+    assert not row["verified"] and len(row["probes"]) == 4
+    assert row["largest_batch"] == max(int(b) for b, ok in row["probes"].items() if ok)
