@@ -31,7 +31,7 @@ use crate::registry;
 use crate::trackers;
 
 /// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 8;
+pub const NATIVE_API_VERSION: u32 = 9;
 
 /// The number of values `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -114,6 +114,8 @@ pub struct NativeApi {
     pub deferred_streams: unsafe extern "C" fn(*mut c_void, *mut u64, usize) -> c_int,
     /// `(ptr) -> kind`: that block back to its pool now (the capture's graph orders its uses).
     pub release_deferred: extern "C" fn(*mut c_void) -> c_int,
+    /// `(device, id.0, id.1) -> kind`: the pool never splits a block (`MemPool(no_split=True)`).
+    pub pool_set_no_split: extern "C" fn(c_int, u64, u64) -> c_int,
 }
 
 pub use crate::native_snapshot::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
@@ -154,6 +156,7 @@ static API: NativeApi = NativeApi {
     pool_create_with: pool_allocator::nat_pool_create_with,
     deferred_streams: nat_deferred_streams,
     release_deferred: nat_release_deferred,
+    pool_set_no_split: nat_pool_set_no_split,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.
@@ -490,6 +493,10 @@ extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) 
     run("set_use_on_oom", || {
         alloc(device)?.lock().set_use_on_oom((a, b), on != 0).map_err(aerr)
     })
+}
+
+extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
+    run("set_no_split", || alloc(device)?.lock().set_no_split((a, b)).map_err(aerr))
 }
 
 extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {

@@ -288,7 +288,8 @@ impl<S: StatSink> Engine<S> {
     fn hand_out(&mut self, block: BlockId, req: &Request, orig_size: u64) -> u64 {
         let split = self
             .policy
-            .should_split(&self.config, &self.blocks[block], req.size, req.small);
+            .should_split(&self.config, &self.blocks[block], req.size, req.small)
+            && !self.is_no_split(self.blocks[block].pool);
         self.alloc_found_block(block, req, orig_size, split)
     }
 

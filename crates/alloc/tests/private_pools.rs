@@ -391,3 +391,36 @@ fn use_on_oom_pools_serve_default_allocations_that_would_fail() {
         a.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn a_no_split_pool_hands_out_whole_blocks_and_other_pools_still_split() {
+    for &policy in POLICIES {
+        let (_, a) = setup(policy, EventMode::Immediate);
+        let mut e = a.lock();
+        e.create_or_incref_pool(G1).unwrap();
+        e.set_no_split(G1).unwrap();
+        e.set_no_split(G1).unwrap(); // marking twice is marking once
+        let take = |e: &mut cudamem_alloc::engine::Engine<_>, id: MempoolId, size: u64| {
+            let slot = e.begin_allocate_to_pool(id).unwrap();
+            let p = e.malloc_in_pool(size, S0, slot).unwrap();
+            e.end_allocate_to_pool(id).unwrap();
+            p
+        };
+        // A small request in the no-split pool takes its whole 2 MiB block; the next one needs
+        // another block, where a splitting pool packs both into one.
+        let (x, y) = (take(&mut e, G1, 1024), take(&mut e, G1, 1024));
+        assert_eq!(e.allocation_size(x), Some(2 * MIB), "{policy}");
+        assert!(y.abs_diff(x) >= 2 * MIB, "{policy}: the second request split the first's block");
+        let (u, v) = (take(&mut e, G2, 1024), take(&mut e, G2, 1024));
+        assert_eq!(e.allocation_size(u), Some(1024), "{policy}");
+        assert_eq!(v.abs_diff(u), 1024, "{policy}: pool G2 no longer splits");
+        let d = e.malloc(1024, S0).unwrap();
+        assert_eq!(e.allocation_size(d), Some(1024), "{policy}: the default pools no longer split");
+        for p in [x, y, u, v, d] {
+            e.free(p).unwrap();
+        }
+        assert!(matches!(e.set_no_split((0, 0)), Err(AllocError::InvalidArgument(_))));
+        drop(e);
+        a.check_invariants().unwrap();
+    }
+}

@@ -320,6 +320,10 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     check(g_api->pool_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0));
   }
 
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(g_api->pool_set_no_split(device, mempool_id.first, mempool_id.second));
+  }
+
   bool checkPoolLiveAllocations(
       c10::DeviceIndex device,
       MempoolId_t mempool_id,

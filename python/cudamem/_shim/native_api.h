@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-constexpr uint32_t kApiVersion = 8;  // native::NATIVE_API_VERSION
+constexpr uint32_t kApiVersion = 9;  // native::NATIVE_API_VERSION
 constexpr size_t kStatsLen = 122;    // native::STATS_LEN
 constexpr int kErrOutOfMemory = 1;   // ffi::ERR_OOM
 constexpr int kShimVersion = 1;      // cudamem.torch.NATIVE_SHIM_VERSION
@@ -71,4 +71,5 @@ struct NativeApi {
   int (*pool_create_with)(int, uint64_t, uint64_t, void*, PoolAllocFn, PoolFreeFn, PoolDropFn);
   int (*deferred_streams)(void*, uint64_t*, size_t);
   int (*release_deferred)(void*);
+  int (*pool_set_no_split)(int, uint64_t, uint64_t);
 };

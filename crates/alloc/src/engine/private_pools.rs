@@ -70,6 +70,9 @@ pub(crate) struct PrivatePools {
     /// The policy's pool count: slot `k` owns engine pools `base·(k+1) .. base·(k+2)`.
     pub(super) base: u16,
     pub(super) slots: Vec<Option<PrivatePool>>,
+    /// Pools marked by `set_no_split`, whether they exist or not (kept for good, as PyTorch's
+    /// `no_split_pools`).
+    pub(super) no_split: Vec<MempoolId>,
     /// Open captures and pool contexts (PyTorch's `captures_underway`).
     pub(crate) active: u32,
     /// Blocks freed while `active > 0` whose stream events are not recorded yet.
@@ -287,6 +290,28 @@ impl<S: StatSink> Engine<S> {
         let s = self.private.get(id)?;
         self.private.pool(s).use_on_oom = use_on_oom;
         Ok(())
+    }
+
+    /// Marks pool `id` as never splitting a block (`torch.cuda.MemPool(no_split=True)`): a
+    /// request it serves takes the whole free block found, however much larger. As PyTorch's
+    /// `setNoSplit`, the mark does not need the pool to exist yet and is never cleared.
+    pub fn set_no_split(&mut self, id: MempoolId) -> Result<(), AllocError> {
+        refuse_tag_id(id)?;
+        if id == (0, 0) {
+            return Err(AllocError::InvalidArgument(
+                "memory pool id (0, 0) names the default pools, not a private pool: they always split".into(),
+            ));
+        }
+        if !self.private.no_split.contains(&id) {
+            self.private.no_split.push(id);
+        }
+        Ok(())
+    }
+
+    /// Whether engine pool `p` belongs to a pool marked by [`Engine::set_no_split`].
+    #[inline]
+    pub(super) fn is_no_split(&self, p: PoolId) -> bool {
+        !self.private.no_split.is_empty() && self.private.owner(p).is_some_and(|id| self.private.no_split.contains(&id))
     }
 
     /// Whether any capture or pool context is open (then nothing is synchronised or released).
