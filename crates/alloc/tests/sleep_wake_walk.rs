@@ -40,7 +40,7 @@ fn random_walk_keeps_every_rule() {
     for &policy in POLICIES {
         for seed in 1..4u64 {
             let (sim, a) = setup(policy, 256 * MIB);
-            let mut rng = seed * 0x9E37_79B9_7F4A_7C15;
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let mut next = |n: u64| {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
