@@ -15,7 +15,7 @@ alternate, --rounds of each; the figure is the median per kind.
 
 Reported per trace: ns per operation in the cold and the warm pass, cudamem / native, and the
 device allocations of each pass (memory_stats()["num_device_alloc"]: cudaMalloc calls for torch,
-mappings for cudamem's expandable policies). Writes cold-pass.json and prints a table.
+segment growths for cudamem, each of one or more mappings). Writes cold-pass.json and prints a table.
 """
 
 import argparse
