@@ -311,7 +311,11 @@ impl<S: StatSink> Engine<S> {
     /// Whether engine pool `p` belongs to a pool marked by [`Engine::set_no_split`].
     #[inline]
     pub(super) fn is_no_split(&self, p: PoolId) -> bool {
-        !self.private.no_split.is_empty() && self.private.owner(p).is_some_and(|id| self.private.no_split.contains(&id))
+        !self.private.no_split.is_empty()
+            && self
+                .private
+                .owner(p)
+                .is_some_and(|id| self.private.no_split.contains(&id))
     }
 
     /// Whether any capture or pool context is open (then nothing is synchronised or released).
