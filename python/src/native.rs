@@ -496,7 +496,9 @@ extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) 
 }
 
 extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
-    run("set_no_split", || alloc(device)?.lock().set_no_split((a, b)).map_err(aerr))
+    run("set_no_split", || {
+        alloc(device)?.lock().set_no_split((a, b)).map_err(aerr)
+    })
 }
 
 extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {

@@ -410,12 +410,19 @@ fn a_no_split_pool_hands_out_whole_blocks_and_other_pools_still_split() {
         // another block, where a splitting pool packs both into one.
         let (x, y) = (take(&mut e, G1, 1024), take(&mut e, G1, 1024));
         assert_eq!(e.allocation_size(x), Some(2 * MIB), "{policy}");
-        assert!(y.abs_diff(x) >= 2 * MIB, "{policy}: the second request split the first's block");
+        assert!(
+            y.abs_diff(x) >= 2 * MIB,
+            "{policy}: the second request split the first's block"
+        );
         let (u, v) = (take(&mut e, G2, 1024), take(&mut e, G2, 1024));
         assert_eq!(e.allocation_size(u), Some(1024), "{policy}");
         assert_eq!(v.abs_diff(u), 1024, "{policy}: pool G2 no longer splits");
         let d = e.malloc(1024, S0).unwrap();
-        assert_eq!(e.allocation_size(d), Some(1024), "{policy}: the default pools no longer split");
+        assert_eq!(
+            e.allocation_size(d),
+            Some(1024),
+            "{policy}: the default pools no longer split"
+        );
         for p in [x, y, u, v, d] {
             e.free(p).unwrap();
         }
