@@ -37,6 +37,7 @@ pub mod ffi;
 pub mod history;
 pub mod ipc;
 pub mod native;
+mod native_pools;
 mod native_snapshot;
 pub mod pool_allocator;
 pub mod registry;

@@ -15,17 +15,17 @@
 //! A private pool's slot is what `pool_begin` returns; the C++ side, which owns PyTorch's
 //! stream filters, passes it with every allocation the filter sends to that pool (−1: none).
 
-use std::collections::HashSet;
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudamem_alloc::engine::{PoolCheckpoint, PoolSlot};
+use cudamem_alloc::engine::PoolSlot;
 use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 
 use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
 use crate::history;
 use crate::ipc;
+use crate::native_pools;
 use crate::pool_allocator;
 use crate::registry;
 use crate::trackers;
@@ -134,16 +134,16 @@ static API: NativeApi = NativeApi {
     get_fraction: nat_get_fraction,
     largest_free: nat_largest_free,
     base_allocation: nat_base_allocation,
-    pool_create: nat_pool_create,
-    pool_begin: nat_pool_begin,
-    pool_end: nat_pool_end,
-    pool_release: nat_pool_release,
-    pool_use_count: nat_pool_use_count,
-    pool_check_live: nat_pool_check_live,
-    pool_set_use_on_oom: nat_pool_set_use_on_oom,
-    checkpoint_get: nat_checkpoint_get,
-    checkpoint_free: nat_checkpoint_free,
-    checkpoint_restore: nat_checkpoint_restore,
+    pool_create: native_pools::nat_pool_create,
+    pool_begin: native_pools::nat_pool_begin,
+    pool_end: native_pools::nat_pool_end,
+    pool_release: native_pools::nat_pool_release,
+    pool_use_count: native_pools::nat_pool_use_count,
+    pool_check_live: native_pools::nat_pool_check_live,
+    pool_set_use_on_oom: native_pools::nat_pool_set_use_on_oom,
+    checkpoint_get: native_pools::nat_checkpoint_get,
+    checkpoint_free: native_pools::nat_checkpoint_free,
+    checkpoint_restore: native_pools::nat_checkpoint_restore,
     set_settings: nat_set_settings,
     totals: nat_totals,
     record_history: nat_record_history,
@@ -154,9 +154,9 @@ static API: NativeApi = NativeApi {
     ipc_close: ipc::nat_ipc_close,
     set_trace_hook: trackers::nat_set_trace_hook,
     pool_create_with: pool_allocator::nat_pool_create_with,
-    deferred_streams: nat_deferred_streams,
-    release_deferred: nat_release_deferred,
-    pool_set_no_split: nat_pool_set_no_split,
+    deferred_streams: native_pools::nat_deferred_streams,
+    release_deferred: native_pools::nat_release_deferred,
+    pool_set_no_split: native_pools::nat_pool_set_no_split,
 };
 
 /// `const NativeApi* cudamem_native_api(void)`: the table above.
@@ -285,36 +285,6 @@ unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int 
     kind
 }
 
-unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {
-    let found = catch_unwind(AssertUnwindSafe(|| {
-        registry::existing().find_map(|(_, a)| a.lock().deferred_streams(ptr as u64))
-    }));
-    let Ok(Some(streams)) = found else {
-        return -1;
-    };
-    for (i, s) in streams.iter().take(cap).enumerate() {
-        // SAFETY: the caller passes `cap` writable u64.
-        unsafe { *out.add(i) = s.0 };
-    }
-    streams.len() as c_int
-}
-
-extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
-    run("release_deferred", || {
-        let ptr = ptr as u64;
-        for (_, a) in registry::existing() {
-            let mut e = a.lock();
-            if e.deferred_streams(ptr).is_some() {
-                return e.release_deferred(ptr).map_err(aerr);
-            }
-        }
-        Err(ffi::CError {
-            kind: ERR_INVALID,
-            message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
-        })
-    })
-}
-
 extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
     run("record_stream", || ffi::record_stream_any(ptr as u64, stream as u64))
 }
@@ -433,116 +403,6 @@ unsafe extern "C" fn nat_base_allocation(ptr: *mut c_void, size: *mut u64) -> *m
         return std::ptr::null_mut();
     }
     base as *mut c_void
-}
-
-extern "C" fn nat_pool_create(device: c_int, a: u64, b: u64) -> c_int {
-    run("create_or_incref_pool", || {
-        alloc(device)?.lock().create_or_incref_pool((a, b)).map_err(aerr)?;
-        Ok(())
-    })
-}
-
-unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, slot: *mut c_int) -> c_int {
-    run("begin_allocate_to_pool", || {
-        let s = alloc(device)?.lock().begin_allocate_to_pool((a, b)).map_err(aerr)?;
-        // SAFETY: the caller passes a writable int.
-        unsafe { *slot = s.0 as c_int };
-        Ok(())
-    })
-}
-
-extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
-    run("end_allocate_to_pool", || {
-        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(aerr)
-    })
-}
-
-extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
-    run("release_pool", || {
-        alloc(device)?.lock().release_pool((a, b)).map_err(aerr)
-    })
-}
-
-extern "C" fn nat_pool_use_count(device: c_int, a: u64, b: u64) -> c_int {
-    registry::get(device)
-        .and_then(|al| al.lock().pool_use_count((a, b)))
-        .map_or(0, |n| n as c_int)
-}
-
-unsafe extern "C" fn nat_pool_check_live(device: c_int, a: u64, b: u64, ptrs: *const u64, n: usize) -> c_int {
-    let mut answer = false;
-    let kind = run("check_pool_live_allocations", || {
-        // SAFETY: the caller passes `n` readable u64 (or n == 0).
-        let expected: HashSet<u64> = match n {
-            0 => HashSet::new(),
-            _ => unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().copied().collect(),
-        };
-        answer = alloc(device)?
-            .lock()
-            .check_pool_live_allocations((a, b), &expected)
-            .map_err(aerr)?;
-        Ok(())
-    });
-    match kind {
-        ERR_NONE => answer as c_int,
-        k => -k,
-    }
-}
-
-extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
-    run("set_use_on_oom", || {
-        alloc(device)?.lock().set_use_on_oom((a, b), on != 0).map_err(aerr)
-    })
-}
-
-extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
-    run("set_no_split", || {
-        alloc(device)?.lock().set_no_split((a, b)).map_err(aerr)
-    })
-}
-
-extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {
-    let mut cp = None;
-    run("get_checkpoint_state", || {
-        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(aerr)?);
-        Ok(())
-    });
-    cp.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)).cast())
-}
-
-unsafe extern "C" fn nat_checkpoint_free(cp: *mut c_void) {
-    if !cp.is_null() {
-        // SAFETY: `cp` came from `nat_checkpoint_get` and is freed once (the C++ owner's
-        // destructor).
-        drop(unsafe { Box::from_raw(cp.cast::<PoolCheckpoint>()) });
-    }
-}
-
-unsafe extern "C" fn nat_checkpoint_restore(
-    device: c_int,
-    cp: *const c_void,
-    ctx: *mut c_void,
-    on_freed: PtrSink,
-    on_allocated: PtrSink,
-) -> c_int {
-    let mut delta = None;
-    let kind = run("set_checkpoint_pool_state", || {
-        // SAFETY: `cp` came from `nat_checkpoint_get` and is alive (the caller owns it).
-        let cp = unsafe { &*cp.cast::<PoolCheckpoint>() };
-        delta = Some(alloc(device)?.lock().restore_pool_checkpoint(cp).map_err(aerr)?);
-        Ok(())
-    });
-    // The callbacks run after the lock is given back (they build torch objects).
-    if let Some(d) = delta {
-        for p in d.freed {
-            // SAFETY: the caller's callbacks take any address.
-            unsafe { on_freed(ctx, p, 0) };
-        }
-        for (p, s) in d.allocated {
-            unsafe { on_allocated(ctx, p, s) };
-        }
-    }
-    kind
 }
 
 unsafe extern "C" fn nat_set_settings(settings: *const c_char) -> c_int {

@@ -1,0 +1,164 @@
+//! # Private pools through the C ABI of the native torch allocator
+//!
+//! The entries of [`crate::native::NativeApi`] for CUDA-graph and `MemPool` pools: create, begin
+//! and end allocating to one, release, use counts, live-allocation checks, `use_on_oom` and
+//! `no_split`, torch.compile's checkpoints, and the blocks freed during a capture that wait for
+//! other streams (`graph_capture_record_stream_reuse`). The rules are [`crate::native`]'s: no
+//! panic crosses the boundary, a failure returns an error kind and leaves its message as the
+//! thread's last error, and pool ids are PyTorch's `MempoolId_t` halves.
+
+use std::collections::HashSet;
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cudamem_alloc::engine::PoolCheckpoint;
+
+use crate::ffi::{self, ERR_INVALID, ERR_NONE};
+use crate::native::{aerr, alloc, run, PtrSink};
+use crate::registry;
+
+pub(crate) unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {
+    let found = catch_unwind(AssertUnwindSafe(|| {
+        registry::existing().find_map(|(_, a)| a.lock().deferred_streams(ptr as u64))
+    }));
+    let Ok(Some(streams)) = found else {
+        return -1;
+    };
+    for (i, s) in streams.iter().take(cap).enumerate() {
+        // SAFETY: the caller passes `cap` writable u64.
+        unsafe { *out.add(i) = s.0 };
+    }
+    streams.len() as c_int
+}
+
+pub(crate) extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
+    run("release_deferred", || {
+        let ptr = ptr as u64;
+        for (_, a) in registry::existing() {
+            let mut e = a.lock();
+            if e.deferred_streams(ptr).is_some() {
+                return e.release_deferred(ptr).map_err(aerr);
+            }
+        }
+        Err(ffi::CError {
+            kind: ERR_INVALID,
+            message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
+        })
+    })
+}
+
+pub(crate) extern "C" fn nat_pool_create(device: c_int, a: u64, b: u64) -> c_int {
+    run("create_or_incref_pool", || {
+        alloc(device)?.lock().create_or_incref_pool((a, b)).map_err(aerr)?;
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, slot: *mut c_int) -> c_int {
+    run("begin_allocate_to_pool", || {
+        let s = alloc(device)?.lock().begin_allocate_to_pool((a, b)).map_err(aerr)?;
+        // SAFETY: the caller passes a writable int.
+        unsafe { *slot = s.0 as c_int };
+        Ok(())
+    })
+}
+
+pub(crate) extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
+    run("end_allocate_to_pool", || {
+        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(aerr)
+    })
+}
+
+pub(crate) extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
+    run("release_pool", || {
+        alloc(device)?.lock().release_pool((a, b)).map_err(aerr)
+    })
+}
+
+pub(crate) extern "C" fn nat_pool_use_count(device: c_int, a: u64, b: u64) -> c_int {
+    registry::get(device)
+        .and_then(|al| al.lock().pool_use_count((a, b)))
+        .map_or(0, |n| n as c_int)
+}
+
+pub(crate) unsafe extern "C" fn nat_pool_check_live(
+    device: c_int,
+    a: u64,
+    b: u64,
+    ptrs: *const u64,
+    n: usize,
+) -> c_int {
+    let mut answer = false;
+    let kind = run("check_pool_live_allocations", || {
+        // SAFETY: the caller passes `n` readable u64 (or n == 0).
+        let expected: HashSet<u64> = match n {
+            0 => HashSet::new(),
+            _ => unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().copied().collect(),
+        };
+        answer = alloc(device)?
+            .lock()
+            .check_pool_live_allocations((a, b), &expected)
+            .map_err(aerr)?;
+        Ok(())
+    });
+    match kind {
+        ERR_NONE => answer as c_int,
+        k => -k,
+    }
+}
+
+pub(crate) extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
+    run("set_use_on_oom", || {
+        alloc(device)?.lock().set_use_on_oom((a, b), on != 0).map_err(aerr)
+    })
+}
+
+pub(crate) extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
+    run("set_no_split", || {
+        alloc(device)?.lock().set_no_split((a, b)).map_err(aerr)
+    })
+}
+
+pub(crate) extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {
+    let mut cp = None;
+    run("get_checkpoint_state", || {
+        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(aerr)?);
+        Ok(())
+    });
+    cp.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)).cast())
+}
+
+pub(crate) unsafe extern "C" fn nat_checkpoint_free(cp: *mut c_void) {
+    if !cp.is_null() {
+        // SAFETY: `cp` came from `nat_checkpoint_get` and is freed once (the C++ owner's
+        // destructor).
+        drop(unsafe { Box::from_raw(cp.cast::<PoolCheckpoint>()) });
+    }
+}
+
+pub(crate) unsafe extern "C" fn nat_checkpoint_restore(
+    device: c_int,
+    cp: *const c_void,
+    ctx: *mut c_void,
+    on_freed: PtrSink,
+    on_allocated: PtrSink,
+) -> c_int {
+    let mut delta = None;
+    let kind = run("set_checkpoint_pool_state", || {
+        // SAFETY: `cp` came from `nat_checkpoint_get` and is alive (the caller owns it).
+        let cp = unsafe { &*cp.cast::<PoolCheckpoint>() };
+        delta = Some(alloc(device)?.lock().restore_pool_checkpoint(cp).map_err(aerr)?);
+        Ok(())
+    });
+    // The callbacks run after the lock is given back (they build torch objects).
+    if let Some(d) = delta {
+        for p in d.freed {
+            // SAFETY: the caller's callbacks take any address.
+            unsafe { on_freed(ctx, p, 0) };
+        }
+        for (p, s) in d.allocated {
+            unsafe { on_allocated(ctx, p, s) };
+        }
+    }
+    kind
+}
