@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use cudamem_alloc::engine::{MempoolId, PoolCheckpoint};
+use cudamem_alloc::engine::{Engine, MempoolId, PoolCheckpoint};
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{EventMode, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
@@ -32,6 +32,14 @@ fn setup_with(policy: &str, mode: EventMode, config: AllocatorConfig) -> (Arc<Si
 
 const POLICIES: &[&str] = cudamem_alloc::policy::POLICY_NAMES;
 
+/// One allocation of `size` bytes on stream 0 in pool `id`, as a capture of one tensor makes it.
+fn one_in_pool(e: &mut Engine, id: MempoolId, size: u64) -> u64 {
+    let slot = e.begin_allocate_to_pool(id).unwrap();
+    let p = e.malloc_in_pool(size, S0, slot).unwrap();
+    e.end_allocate_to_pool(id).unwrap();
+    p
+}
+
 #[test]
 fn a_private_pool_never_hands_its_blocks_elsewhere() {
     for &policy in POLICIES {
@@ -45,9 +53,7 @@ fn a_private_pool_never_hands_its_blocks_elsewhere() {
         // size gets other memory, and a second graph gets other memory too.
         let d = e.malloc(4 * MIB, S0).unwrap();
         assert_ne!(d, g, "{policy}: a default allocation reused a graph's block");
-        let slot2 = e.begin_allocate_to_pool(G2).unwrap();
-        let g2 = e.malloc_in_pool(4 * MIB, S0, slot2).unwrap();
-        e.end_allocate_to_pool(G2).unwrap();
+        let g2 = one_in_pool(&mut e, G2, 4 * MIB);
         assert_ne!(g2, g, "{policy}: a second graph reused the first graph's block");
         // The same pool shared: its cached block is reused.
         let slot1 = e.begin_allocate_to_pool(G1).unwrap();
@@ -113,9 +119,7 @@ fn a_released_pool_returns_its_memory_at_empty_cache_and_repeated_captures_stay_
 fn a_pool_in_use_keeps_its_cache_through_empty_cache() {
     let (_, a) = setup("pytorch", EventMode::Immediate);
     let mut e = a.lock();
-    let slot = e.begin_allocate_to_pool(G1).unwrap();
-    let p = e.malloc_in_pool(30 * MIB, S0, slot).unwrap();
-    e.end_allocate_to_pool(G1).unwrap();
+    let p = one_in_pool(&mut e, G1, 30 * MIB);
     e.free(p).unwrap();
     e.empty_cache().unwrap();
     assert_eq!(
@@ -136,9 +140,7 @@ fn a_pool_in_use_keeps_its_cache_through_empty_cache() {
 fn a_freed_pool_keeps_segments_with_live_blocks_until_they_are_freed() {
     let (_, a) = setup("pytorch", EventMode::Immediate);
     let mut e = a.lock();
-    let slot = e.begin_allocate_to_pool(G1).unwrap();
-    let p = e.malloc_in_pool(30 * MIB, S0, slot).unwrap();
-    e.end_allocate_to_pool(G1).unwrap();
+    let p = one_in_pool(&mut e, G1, 30 * MIB);
     e.release_pool(G1).unwrap();
     e.empty_cache().unwrap();
     assert_eq!(e.pool_use_count(G1), Some(0), "a live output keeps the pool");
@@ -329,9 +331,7 @@ fn a_pool_with_its_own_segment_source_takes_and_returns_segments_there() {
         }));
         let mut e = a.lock();
         e.create_or_incref_pool_with(G1, Some(ext.clone())).unwrap();
-        let slot = e.begin_allocate_to_pool(G1).unwrap();
-        let p = e.malloc_in_pool(4 * MIB, S0, slot).unwrap();
-        e.end_allocate_to_pool(G1).unwrap();
+        let p = one_in_pool(&mut e, G1, 4 * MIB);
         assert_eq!((ext.counters().mallocs, sim.counters().mallocs), (1, 0), "{policy}");
         assert!(
             e.stats().reserved_bytes.all().current > 0,
@@ -368,9 +368,7 @@ fn use_on_oom_pools_serve_default_allocations_that_would_fail() {
         let sim = small();
         let a = CachingAllocator::with_policy(sim.clone(), AllocatorConfig::default(), "pytorch").unwrap();
         let mut e = a.lock();
-        let slot = e.begin_allocate_to_pool(G2).unwrap();
-        let b = e.malloc_in_pool(40 * MIB, S0, slot).unwrap();
-        e.end_allocate_to_pool(G2).unwrap();
+        let b = one_in_pool(&mut e, G2, 40 * MIB);
         e.set_use_on_oom(G2, use_on_oom).unwrap();
         e.free(b).unwrap(); // cached in the pool
         let d = e.malloc(60 * MIB, S0).unwrap(); // the device is full now
@@ -400,21 +398,15 @@ fn a_no_split_pool_hands_out_whole_blocks_and_other_pools_still_split() {
         e.create_or_incref_pool(G1).unwrap();
         e.set_no_split(G1).unwrap();
         e.set_no_split(G1).unwrap(); // marking twice is marking once
-        let take = |e: &mut cudamem_alloc::engine::Engine<_>, id: MempoolId, size: u64| {
-            let slot = e.begin_allocate_to_pool(id).unwrap();
-            let p = e.malloc_in_pool(size, S0, slot).unwrap();
-            e.end_allocate_to_pool(id).unwrap();
-            p
-        };
-        // A small request in the no-split pool takes its whole 2 MiB block; the next one needs
-        // another block, where a splitting pool packs both into one.
-        let (x, y) = (take(&mut e, G1, 1024), take(&mut e, G1, 1024));
+                                     // A small request in the no-split pool takes its whole 2 MiB block; the next one needs
+                                     // another block, where a splitting pool packs both into one.
+        let (x, y) = (one_in_pool(&mut e, G1, 1024), one_in_pool(&mut e, G1, 1024));
         assert_eq!(e.allocation_size(x), Some(2 * MIB), "{policy}");
         assert!(
             y.abs_diff(x) >= 2 * MIB,
             "{policy}: the second request split the first's block"
         );
-        let (u, v) = (take(&mut e, G2, 1024), take(&mut e, G2, 1024));
+        let (u, v) = (one_in_pool(&mut e, G2, 1024), one_in_pool(&mut e, G2, 1024));
         assert_eq!(e.allocation_size(u), Some(1024), "{policy}");
         assert_eq!(v.abs_diff(u), 1024, "{policy}: pool G2 no longer splits");
         let d = e.malloc(1024, S0).unwrap();
