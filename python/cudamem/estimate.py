@@ -336,8 +336,8 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
                 row["spare_bytes"] = cap - row["peak_reserved_bytes"]
             if b is not None and str(b + 1) in row["probes"]:
                 row["next_batch"] = b + 1
-                # Replayed without the cap: what it would reserve, not where it failed.
-                row["next_batch_needs_bytes"] = replay(seen[b + 1][0], [pol], "h200", None)[0]["peak_reserved_bytes"]
+                # Replayed on a device with room to spare: what it would reserve, not where it failed.
+                row["next_batch_needs_bytes"] = replay(seen[b + 1][0], [pol], 8 * cap, None)[0]["peak_reserved_bytes"]
         out["headline"] = headline(out)
     return out
 
