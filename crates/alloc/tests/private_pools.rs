@@ -183,8 +183,10 @@ fn nothing_queries_records_or_releases_while_allocating_to_a_pool() {
 #[test]
 fn with_record_stream_reuse_a_deferred_block_is_released_when_the_caller_says_so() {
     for &policy in POLICIES {
-        let mut config = AllocatorConfig::default();
-        config.graph_capture_record_stream_reuse = true;
+        let config = AllocatorConfig {
+            graph_capture_record_stream_reuse: true,
+            ..AllocatorConfig::default()
+        };
         let (sim, a) = setup_with(policy, EventMode::Manual, config);
         let mut e = a.lock();
         let slot = e.begin_allocate_to_pool(G1).unwrap();
