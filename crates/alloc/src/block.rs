@@ -35,7 +35,10 @@ pub struct Block {
     pub addr: u64,
     /// Bytes (a multiple of 512).
     pub size: u64,
-    /// Bytes the caller asked for (0 while free).
+    /// Bytes the caller asked for at this block's last allocation. Kept after the free, and
+    /// through merges into this block and splits off it, as PyTorch's block keeps it: torch's
+    /// snapshots show it on inactive blocks, and tools read it there. Counts toward
+    /// `requested_bytes` only while the block is active.
     pub requested: u64,
     /// The stream the block was allocated on; it is reused only on this stream.
     pub stream: StreamId,

@@ -126,3 +126,28 @@ fn a_snapshot_pickle_reads_back_and_replays_to_the_same_peak() {
 fn cudamem_replay_peak(t: &cudamem_trace::Trace) -> u64 {
     t.segment_history_peak(0).0
 }
+
+#[test]
+fn an_inactive_block_shows_what_its_last_allocation_asked_for_as_torch_does() {
+    // torch's free keeps a block's requested size, and a merge keeps the freed block's: after
+    // x (65,000 B) and t are freed into one block, torch's snapshot shows 65,000 on it
+    // (PyTorch's test_memory_plots looks for that size there once the trace is filtered).
+    for policy in ["pytorch", "cudamem"] {
+        let a = alloc(policy);
+        let x = a.malloc(65_000, StreamId(0)).unwrap();
+        let t = a.malloc(1_000, StreamId(0)).unwrap();
+        a.free(t).unwrap();
+        a.free(x).unwrap();
+        let snap = a.snapshot();
+        let blocks: Vec<_> = snap.segments.iter().flat_map(|s| s.blocks.iter()).collect();
+        assert_eq!(blocks.len(), 1, "{policy}: x and t merged into one free block");
+        assert_eq!(blocks[0].state, BlockState::Inactive, "{policy}");
+        assert_eq!(blocks[0].requested_size, 65_000, "{policy}");
+        assert_eq!(
+            snap.segments[0].requested_size, 0,
+            "{policy}: a segment sums its active blocks only"
+        );
+        assert_eq!(a.stats().requested_bytes.all().current, 0, "{policy}");
+        a.check_invariants().unwrap();
+    }
+}

@@ -447,9 +447,12 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     if (static_cast<size_t>(device) >= captures_.size()) {
       return -1;
     }
-    for (auto& c : captures_[device]) {
-      if (c.filter(stream)) {
-        return c.slot;
+    // The innermost context that accepts the stream wins (torch searches captures_underway
+    // last-in first-out, so nested use_mem_pool blocks route to the inner pool).
+    const auto& v = captures_[device];
+    for (auto it = v.rbegin(); it != v.rend(); ++it) {
+      if (it->filter(stream)) {
+        return it->slot;
       }
     }
     return -1;

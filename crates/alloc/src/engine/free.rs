@@ -144,8 +144,7 @@ impl<S: StatSink> Engine<S> {
             }
         }
         self.insert_free(id);
-        let b = &mut self.blocks[id];
-        b.requested = 0;
+        let b = &self.blocks[id];
         if b.is_split() {
             net_blocks += 1;
             net_bytes += b.size as i64;
