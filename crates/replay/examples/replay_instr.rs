@@ -41,7 +41,7 @@ fn main() {
         let (target, alloc) = first.as_ref().unwrap();
         let mut e = alloc.lock();
         if warm {
-            free_leftovers(&mut e, &mut slots); // as `replay --warm` does
+            free_leftovers(&mut e, target, &mut slots); // as `replay --warm` does
         }
         total += run_once(&p, &mut e, target, &mut slots, false).0;
     }

@@ -74,7 +74,7 @@ fn main() {
         let pair = pair_ns(&pair_alloc);
         let replay = {
             let mut e = replay_alloc.lock();
-            free_leftovers(&mut e, &mut slots);
+            free_leftovers(&mut e, &target, &mut slots);
             run_once(&p, &mut e, &target, &mut slots, false).0 as f64 / p.trace_ops as f64
         };
         samples.push([

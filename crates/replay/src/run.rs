@@ -236,13 +236,13 @@ pub fn replay_device(
     for _ in 0..opts.repeats {
         if opts.warm {
             let mut e = alloc.lock();
-            free_leftovers(&mut e, &mut slots);
+            free_leftovers(&mut e, &target, &mut slots);
             times.push(run_once(p, &mut e, &target, &mut slots, false).0);
         } else {
             let (t2, a2) = new_allocator(p, cfg, opts, plan)?;
             let mut e = a2.lock();
             times.push(run_once(p, &mut e, &t2, &mut slots, false).0);
-            free_leftovers(&mut e, &mut slots);
+            free_leftovers(&mut e, &t2, &mut slots);
             let _ = e.empty_cache();
         }
     }
@@ -251,7 +251,7 @@ pub fn replay_device(
     }
     {
         let mut e = alloc.lock();
-        free_leftovers(&mut e, &mut slots);
+        free_leftovers(&mut e, &target, &mut slots);
         let _ = e.empty_cache(); // give a real GPU its memory back
     }
     times.sort_unstable();

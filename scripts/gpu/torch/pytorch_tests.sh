@@ -14,7 +14,8 @@
 # names it imports that 2.11 lacks (listed in the log), so tests relying on those fail in both runs.
 # Steps:
 #   (1) load cudamem's native allocator once outside pytest (compiles it if not cached; errors show here)
-#   (2) collect test_cuda.py's ids (--collect-only -q) and keep the allocator-related names
+#   (2) collect test_cuda.py's ids (--collect-only -q) and keep the allocator-related names;
+#   (2b) run those that compile C++ extensions (load_inline) once, to fill torch's extension cache
 #   (3) run them with torch's allocator, then (4) with cudamem installed by cudamem_pytest_plugin
 #       before collection; each pytest process under `timeout`, each test under a 60 s watchdog
 #       (a hang or crash costs that test and pytest restarts on the rest)
@@ -170,6 +171,23 @@ def run(mode, ids, until):
         print(f"  WARNING: cudamem install_mode() in the pytest processes: {sorted(install_modes)}")
     return results, sorted(install_modes)
 
+
+# Some tests compile a C++ extension with torch's load_inline on first use (a dummy pluggable
+# allocator, a snapshot binding), which takes longer than the per-test watchdog on a machine whose
+# extension cache is empty, and a killed build is rebuilt by the next test. So they run first,
+# once, with torch's allocator and a long watchdog, outside the comparison and the budget split;
+# the comparison runs then find torch's extension cache filled (the same sources, used in the
+# same order, get the same build folders).
+src = open(test_file).read()
+bodies = dict(re.findall(r"\n    def (test_\w+)\(self[^)]*\):(.*?)(?=\n    (?:@|def )|\nclass |\Z)", src, re.S))
+compiles = [i for i in selected if re.search(r"load_inline|get_dummy_allocator", bodies.get(i.split("::")[-1], ""))]
+if compiles:
+    print(f"\n(2b) {len(compiles)} tests that compile C++ extensions, run once with torch's allocator to fill torch's extension cache")
+    saved, per_test = per_test, float(os.environ.get("CUDAMEM_PYTEST_BUILD_TIMEOUT", "300"))
+    rc, evs, secs = pytest("prebuild", ["-q"] + [os.path.join(tests, i) for i in compiles], False,
+                           min(2 * per_test, deadline - time.time() - 120))
+    per_test = saved
+    print(f"  pytest rc={rc}, {secs:.0f}s, {sum(1 for e in evs if e['ev'] == 'result')} of {len(compiles)} finished")
 
 native = cudamem = {}
 modes = {}
