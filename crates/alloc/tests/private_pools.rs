@@ -425,3 +425,51 @@ fn a_no_split_pool_hands_out_whole_blocks_and_other_pools_still_split() {
         a.check_invariants().unwrap();
     }
 }
+
+/// PyTorch's `test_deleted_mempool_not_used_on_oom`: pools with their own segment source and
+/// `use_on_oom`, made, used and deleted in turn under a 40 MiB memory fraction; then default
+/// allocations that do not fit fall back to the one pool still alive, never a deleted one.
+#[test]
+fn deleted_use_on_oom_pools_are_not_used_on_oom() {
+    for &policy in POLICIES {
+        let (sim, a) = setup(policy, EventMode::Immediate);
+        let ext = Arc::new(SimDevice::new(SimConfig {
+            index: 1,
+            capacity: 1 << 30,
+            ..SimConfig::default()
+        }));
+        let mut e = a.lock();
+        e.set_memory_fraction((40 * MIB) as f64 / sim.total_memory() as f64)
+            .unwrap();
+        let pool_tensor = |e: &mut Engine, id: MempoolId| {
+            e.create_or_incref_pool_with(id, Some(ext.clone())).unwrap();
+            e.set_use_on_oom(id, true).unwrap();
+            // `use_mem_pool`: begin, the allocation, end, then releasePool of the context's use.
+            let t = one_in_pool(e, id, 40 * MIB);
+            e.release_pool(id).unwrap();
+            e.free(t).unwrap();
+        };
+        for k in 0..10 {
+            let id = (100 + k, 0);
+            pool_tensor(&mut e, id);
+            // `~MemPool`: releasePool, then emptyCache of that pool.
+            e.release_pool(id).unwrap();
+            e.empty_pool_cache(id).unwrap();
+            assert_eq!(e.pool_use_count(id), None, "{policy}: a deleted pool is gone");
+        }
+        let live = (200, 0);
+        pool_tensor(&mut e, live);
+        let b = e.malloc(20 * MIB, S0).unwrap();
+        let c = e.malloc(20 * MIB, S0).unwrap();
+        e.free(b).unwrap();
+        e.free(c).unwrap();
+        e.release_pool(live).unwrap();
+        e.empty_pool_cache(live).unwrap();
+        e.empty_cache().unwrap();
+        e.set_memory_fraction(1.0).unwrap();
+        assert_eq!(e.stats().reserved_bytes.all().current, 0, "{policy}");
+        assert_eq!(ext.counters().mallocs, ext.counters().frees, "{policy}");
+        drop(e);
+        a.check_invariants().unwrap();
+    }
+}

@@ -17,6 +17,9 @@ pytorch_tests.sh load it, so they differ only in the allocator:
 * ``CUDAMEM_PYTEST_TEST_TIMEOUT`` (seconds, default 60): a test running longer makes faulthandler
   dump every thread's stack and exit the process, so a hang costs one test; the driver starts
   pytest again on the tests left.
+* ``CUDAMEM_PYTEST_SLOW_TESTS``: test function names, comma-separated, that get
+  ``CUDAMEM_PYTEST_BUILD_TIMEOUT`` seconds (default 300) instead: those that build a C++
+  extension with ``load_inline``, which on a cold cache outlasts the usual watchdog.
 * ``CUDAMEM_PYTEST_EVENTS``: a file that gets one JSON line per event (configure, collected ids,
   test start, test result). A file, because pytest captures stdout and stderr.
 """
@@ -35,6 +38,8 @@ import pytest
 
 _events_path = os.environ.get("CUDAMEM_PYTEST_EVENTS")
 _timeout = float(os.environ.get("CUDAMEM_PYTEST_TEST_TIMEOUT", "60"))
+_build_timeout = float(os.environ.get("CUDAMEM_PYTEST_BUILD_TIMEOUT", "300"))
+_slow = {n for n in os.environ.get("CUDAMEM_PYTEST_SLOW_TESTS", "").split(",") if n}
 _header = []
 _reports = {}  # nodeid -> {when: report}
 _stacks = None  # kept open: faulthandler writes to its descriptor when a test times out
@@ -219,15 +224,16 @@ def pytest_collection_modifyitems(items):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _event(ev="start", id=item.nodeid)
-    if _timeout > 0:
+    limit = _build_timeout if item.nodeid.split("::")[-1] in _slow else _timeout
+    if limit > 0:
         if _stacks is not None:
-            _stacks.write(f"\n--- {item.nodeid}: stacks if it runs past {_timeout:g} s\n")
+            _stacks.write(f"\n--- {item.nodeid}: stacks if it runs past {limit:g} s\n")
             _stacks.flush()
-        faulthandler.dump_traceback_later(_timeout, exit=True, file=_stacks or sys.__stderr__)
+        faulthandler.dump_traceback_later(limit, exit=True, file=_stacks or sys.__stderr__)
     try:
         yield
     finally:
-        if _timeout > 0:
+        if limit > 0:
             faulthandler.cancel_dump_traceback_later()
 
 

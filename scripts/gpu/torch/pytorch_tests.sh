@@ -15,7 +15,7 @@
 # Steps:
 #   (1) load cudamem's native allocator once outside pytest (compiles it if not cached; errors show here)
 #   (2) collect test_cuda.py's ids (--collect-only -q) and keep the allocator-related names;
-#   (2b) run those that compile C++ extensions (load_inline) once, to fill torch's extension cache
+#   (2b) run those that build C++ extensions (load_inline) once, to fill torch's extension cache
 #   (3) run them with torch's allocator, then (4) with cudamem installed by cudamem_pytest_plugin
 #       before collection; each pytest process under `timeout`, each test under a 60 s watchdog
 #       (a hang or crash costs that test and pytest restarts on the rest)
@@ -69,10 +69,12 @@ PY
 
     step "(2)-(5) collect, run with torch's allocator, run with cudamem, compare"
     python3 - "$tests" "$work" "$(( start + budget ))" "${OUT:-}" <<'PY'
-import json, os, re, subprocess, sys, time
+import glob, json, os, re, subprocess, sys, time
 
 tests, work, deadline, out = os.path.abspath(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
 test_file = os.path.join(tests, "test_cuda.py")
+extensions = os.path.join(work, "torch-extensions")  # torch's load_inline builds, for both runs
+compiles = []  # the selected tests that build C++ extensions (found below)
 per_test = float(os.environ.get("CUDAMEM_PYTEST_TEST_TIMEOUT", "60"))
 SELECT = re.compile(os.environ.get("PYTORCH_TESTS_SELECT") or
                     r"memory|caching_allocator|allocator|graph|mempool|mem_pool|snapshot|memory_stats"
@@ -85,7 +87,13 @@ def pytest(phase, args, install, limit):
     cwd = os.path.join(work, f"{phase}.cwd")
     os.makedirs(cwd, exist_ok=True)
     env = dict(os.environ, CUDAMEM_PYTEST_EVENTS=events, CUDAMEM_PYTEST_INSTALL="1" if install else "0",
-               CUDAMEM_PYTEST_TEST_TIMEOUT=str(per_test))
+               CUDAMEM_PYTEST_TEST_TIMEOUT=str(per_test), TORCH_EXTENSIONS_DIR=extensions,
+               CUDAMEM_PYTEST_SLOW_TESTS=",".join(compiles))
+    # A build killed with its process (a watchdog, `timeout`) leaves its lock file, and every
+    # later load_inline of that extension waits on it for ever; one pytest runs at a time, so
+    # a lock present now is such a leftover.
+    for lock in glob.glob(os.path.join(extensions, "*", "lock")):
+        os.remove(lock)
     cmd = ["timeout", "-k", "10", str(max(1, int(limit))), sys.executable, "-m", "pytest",
            "-p", "cudamem_pytest_plugin", "-p", "no:cacheprovider", "--rootdir", tests] + args
     t0 = time.time()
@@ -172,21 +180,19 @@ def run(mode, ids, until):
     return results, sorted(install_modes)
 
 
-# Some tests compile a C++ extension with torch's load_inline on first use (a dummy pluggable
-# allocator, a snapshot binding), which takes longer than the per-test watchdog on a machine whose
-# extension cache is empty, and a killed build is rebuilt by the next test. So they run first,
-# once, with torch's allocator and a long watchdog, outside the comparison and the budget split;
-# the comparison runs then find torch's extension cache filled (the same sources, used in the
-# same order, get the same build folders).
+# Some tests build a C++ extension with torch's load_inline (a dummy pluggable allocator, a
+# snapshot binding). On an empty extension cache a build outlasts the per-test watchdog, and two
+# variants of the dummy allocator share one build folder, so switching between them rebuilds. So
+# these tests get the longer CUDAMEM_PYTEST_BUILD_TIMEOUT in both runs, and run first, once, with
+# torch's allocator, outside the comparison, to fill the cache.
 src = open(test_file).read()
 bodies = dict(re.findall(r"\n    def (test_\w+)\(self[^)]*\):(.*?)(?=\n    (?:@|def )|\nclass |\Z)", src, re.S))
-compiles = [i for i in selected if re.search(r"load_inline|get_dummy_allocator", bodies.get(i.split("::")[-1], ""))]
+compiles = [i.split("::")[-1] for i in selected
+            if re.search(r"load_inline|get_dummy_allocator", bodies.get(i.split("::")[-1], ""))]
 if compiles:
-    print(f"\n(2b) {len(compiles)} tests that compile C++ extensions, run once with torch's allocator to fill torch's extension cache")
-    saved, per_test = per_test, float(os.environ.get("CUDAMEM_PYTEST_BUILD_TIMEOUT", "300"))
-    rc, evs, secs = pytest("prebuild", ["-q"] + [os.path.join(tests, i) for i in compiles], False,
-                           min(2 * per_test, deadline - time.time() - 120))
-    per_test = saved
+    print(f"\n(2b) {len(compiles)} tests that build C++ extensions, run once with torch's allocator to fill torch's extension cache")
+    rc, evs, secs = pytest("prebuild", ["-q"] + [os.path.join(tests, i) for i in selected if i.split("::")[-1] in compiles],
+                           False, min(600, deadline - time.time() - 120))
     print(f"  pytest rc={rc}, {secs:.0f}s, {sum(1 for e in evs if e['ev'] == 'result')} of {len(compiles)} finished")
 
 native = cudamem = {}
