@@ -8,7 +8,10 @@
 # Without network, fetch torch's test dependencies first on a machine with it:
 #     python3 -m pip download -d gpu-out/pywheels --only-binary=:all: --python-version 3.12 \
 #         --platform manylinux2014_x86_64 --platform any expecttest psutil hypothesis
-# PYTORCH_TESTS_SELECT replaces the regular expression that picks tests by name.
+# PYTORCH_TESTS_SELECT replaces the regular expression that picks tests by name;
+# PYTORCH_TESTS_PART=K/N runs the K-th of N equal slices of the selection (a full run on a machine
+# with an empty extension cache needs about 10 minutes; two parts fit calls of 600 s each), and
+# scripts/gpu/torch/pytorch_tests_merge.py combines the parts' pytorch-tests.json.
 # Environment passes through, e.g. PYTORCH_TEST_CUDA_MEM_LEAK_CHECK=1 adds torch's leak check to
 # every test (off unless set). The stored test_cuda.py predates torch 2.11: the plugin fills in the
 # names it imports that 2.11 lacks (listed in the log), so tests relying on those fail in both runs.
@@ -130,6 +133,15 @@ for e in evs:
 if not collected:
     tail("collect", 40)
 selected = [i for i in collected if SELECT.search(i.split("::")[-1])]
+part = os.environ.get("PYTORCH_TESTS_PART", "")
+if part:
+    m = re.fullmatch(r"(\d+)/(\d+)", part)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        sys.exit(f"PYTORCH_TESTS_PART={part!r}: expected K/N with 1 <= K <= N, e.g. 1/2")
+    k, n = int(m.group(1)), int(m.group(2))
+    size = -(-len(selected) // n)
+    print(f"part {k} of {n}: tests {(k - 1) * size + 1}-{min(k * size, len(selected))} of the {len(selected)} selected")
+    selected = selected[(k - 1) * size:k * size]
 print(f"selected {len(selected)} of {len(collected)} (test name matches {SELECT.pattern}):")
 for i in selected:
     print("   ", i)
@@ -238,7 +250,7 @@ if out:
                "cudamem": {i: list(v) for i, v in cudamem.items()},
                "passed_native": passed_native, "passed_both": both, "regressions": regressions},
               open(os.path.join(out, "pytorch-tests.json"), "w"), indent=1)
-    for phase in ("collect", "native", "cudamem"):
+    for phase in ("collect", "prebuild", "native", "cudamem"):
         src = os.path.join(work, f"{phase}.log")
         if os.path.exists(src):
             with open(os.path.join(out, f"pytorch-tests-{phase}.log"), "w") as f:
