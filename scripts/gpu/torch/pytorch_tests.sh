@@ -21,6 +21,7 @@
 #   (2b) run those that build C++ extensions (load_inline) once, to fill torch's extension cache
 #   (3) run them with torch's allocator, then (4) with cudamem installed by cudamem_pytest_plugin
 #       before collection; each pytest process under `timeout`, each test under a 60 s watchdog
+#       (those of (2b): CUDAMEM_PYTEST_BUILD_TIMEOUT, 300 s)
 #       (a hang or crash costs that test and pytest restarts on the rest)
 #   (5) the table (test, native, cudamem) and the summary
 # The whole run stays within $PYTORCH_TESTS_BUDGET_S seconds (default 470).
