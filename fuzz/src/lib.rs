@@ -93,8 +93,8 @@ impl<'a> Bytes<'a> {
 /// With it on, `max_split_size_mb` is only ever set at start and only with the native policy
 /// and no expandable segments, and `set_settings` strings never contain `max_split` (a
 /// `set_settings` without it resets the limit to unlimited, which raises it: harmless).
-/// Both are fixed (commit 44c526c, regression tests at the end of
-/// crates/alloc/tests/misuse.rs), so it is off: keep it for the next such bug.
+/// Both are fixed (commit 44c526c, regression tests in
+/// crates/alloc/tests/fuzz_regressions.rs), so it is off: keep it for the next such bug.
 pub const AVOID_KNOWN_BUGS: bool = false;
 
 /// The policies the allocator target picks from.
