@@ -1,6 +1,6 @@
 //! Helpers shared by the misuse tests (`misuse.rs`, `misuse_settings.rs`) and the fuzz-found
-//! regression tests (`fuzz_regressions.rs`): small simulated devices with manual events, allocators on them, and
-//! the checks that an allocator is intact after a rejected call.
+//! regression tests (`fuzz_regressions.rs`): small simulated devices with manual events,
+//! allocators on them, and the checks that an allocator is intact after a rejected call.
 
 #![allow(dead_code)] // each test file uses a different part
 
