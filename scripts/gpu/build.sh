@@ -4,6 +4,7 @@
 #   gpu-out/cuda/cudamem_cuda-unit  cudamem-cuda's unit tests
 #   gpu-out/cuda/gpu_device         the CUDA device's GPU tests (crates/cuda/tests/gpu_device.rs)
 #   gpu-out/cuda/driver_pairs       the driver-call bench (crates/cuda/examples/driver_pairs.rs)
+#   gpu-out/cuda/vmm_call_costs     each VMM driver call timed (crates/cuda/examples/vmm_call_costs.rs)
 #   gpu-out/cuda/MANIFEST.txt       commit, date, sizes and checksums
 #   gpu-out/cudamem/api             the Rust API's tests (crates/cudamem/tests/api.rs, simulated device)
 #   gpu-out/cudamem/gpu_allocator   the allocator's GPU tests (crates/cudamem/tests/gpu_allocator.rs)
@@ -20,7 +21,7 @@ out=gpu-out/cuda
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 
-cargo build -p cudamem-cuda --release --example driver_pairs
+cargo build -p cudamem-cuda --release --example driver_pairs --example vmm_call_costs
 cargo build -p cudamem --release --example gpu_bench --example quickstart
 cargo build -p cudamem-sharded --release --example sharded_cost
 # Test binaries in the `ci` profile (release without LTO: same code, minutes less linking).
@@ -47,9 +48,10 @@ newest() { ls -t target/ci/deps/"$1"-* | grep -v '\.d$' | head -n 1; }
 [ -n "$api" ] || api=$(newest api)
 [ -n "$galloc" ] || galloc=$(newest gpu_allocator)
 bench=target/release/examples/driver_pairs
+vmm=target/release/examples/vmm_call_costs
 gbench=target/release/examples/gpu_bench
 quick=target/release/examples/quickstart
-for f in "$unit" "$gpu" "$bench" "$api" "$galloc" "$gbench" "$quick"; do
+for f in "$unit" "$gpu" "$bench" "$vmm" "$api" "$galloc" "$gbench" "$quick"; do
     [ -x "$f" ] || { echo "build.sh: missing executable $f" >&2; exit 1; }
 done
 
@@ -58,11 +60,12 @@ mkdir -p "$out"
 objcopy --strip-debug "$unit" "$out/cudamem_cuda-unit"
 objcopy --strip-debug "$gpu" "$out/gpu_device"
 objcopy --strip-debug "$bench" "$out/driver_pairs"
+objcopy --strip-debug "$vmm" "$out/vmm_call_costs"
 {
     echo "cudamem-cuda GPU binaries"
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$([ -z "$(git status --porcelain -- crates/cuda 2>/dev/null)" ] || echo ' + uncommitted changes in crates/cuda')"
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(rustc --version)"
-    (cd "$out" && sha256sum cudamem_cuda-unit gpu_device driver_pairs)
+    (cd "$out" && sha256sum cudamem_cuda-unit gpu_device driver_pairs vmm_call_costs)
 } >"$out/MANIFEST.txt"
 ls -l "$out"
 

@@ -8,12 +8,12 @@
 #      on the PATH (API-error reports are off: tests provoke out-of-memory and other driver
 #      errors on purpose and check each one themselves; the free-memory slack is widened to
 #      64 MiB for the sanitizer's own allocations)
-#   4. the quickstart example, the allocator bench (gpu_bench) and the driver-call bench
-#      (driver_pairs)
+#   4. the quickstart example, the allocator bench (gpu_bench) and the driver-call benches
+#      (driver_pairs, vmm_call_costs)
 # Tests run one at a time with their output shown. Every step has a time limit
 # (CUDAMEM_STEP_TIMEOUT seconds, default 300). A summary with PASS/FAIL per step ends the output;
 # the exit status is non-zero if any step failed. If $OUT is set, the bench outputs are also
-# saved there (gpu_bench.txt, driver_pairs.txt). For example:
+# saved there (gpu_bench.txt, driver_pairs.txt, vmm_call_costs.txt). For example:
 #   bash scripts/gpu/run-all.sh 2>&1 | tee "$OUT/run-all.log"
 #
 # A missing GPU fails the GPU tests (CUDAMEM_REQUIRE_GPU=1 is the default here). To rehearse the
@@ -30,7 +30,7 @@ limit=${CUDAMEM_STEP_TIMEOUT:-300}
 if [ "$CUDAMEM_REQUIRE_GPU" != 0 ]; then device=cuda:0; else device=auto; fi
 
 missing=0
-for f in "$cuda_dir"/{cudamem_cuda-unit,gpu_device,driver_pairs} "$mem_dir"/{api,gpu_allocator,gpu_bench,quickstart}; do
+for f in "$cuda_dir"/{cudamem_cuda-unit,gpu_device,driver_pairs,vmm_call_costs} "$mem_dir"/{api,gpu_allocator,gpu_bench,quickstart}; do
     if [ ! -x "$f" ]; then
         echo "run-all.sh: $f is missing: run scripts/gpu/build.sh on the development machine and carry gpu-out" >&2
         missing=1
@@ -92,6 +92,7 @@ fi
 step "cudamem: quickstart" "$mem_dir/quickstart" "$device"
 save=gpu_bench.txt step "cudamem: gpu_bench" "$mem_dir/gpu_bench" --device "$device"
 save=driver_pairs.txt step "cuda: driver_pairs bench" "$cuda_dir/driver_pairs"
+save=vmm_call_costs.txt step "cuda: vmm_call_costs bench" "$cuda_dir/vmm_call_costs"
 
 echo
 echo "=== summary ==="
