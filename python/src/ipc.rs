@@ -174,94 +174,6 @@ impl Reader<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cudamem_device::ipc::ExportedMapping;
-
-    fn mapping(start: u64, size: u64, fd: i32) -> ExportedMapping {
-        ExportedMapping { start, size, fd }
-    }
-
-    #[test]
-    fn a_segment_is_torchs_c_layout_and_reads_back() {
-        let handle = [7u8; IPC_HANDLE_SIZE];
-        let shared = Shared::Segment {
-            base: 0x1000,
-            size: 1 << 20,
-            handle,
-        };
-        let (bytes, offset) = encode(&shared, 0x1200, 42);
-        assert_eq!(offset, 0x200);
-        assert_eq!(bytes.len(), 2 + IPC_HANDLE_SIZE);
-        assert_eq!(&bytes[..2], &[2, b'c']);
-        assert_eq!(decode(&bytes).unwrap(), Handle::Segment(handle));
-        assert_eq!(
-            decode(&handle).unwrap(),
-            Handle::Segment(handle),
-            "torch's oldest: a bare handle"
-        );
-    }
-
-    #[test]
-    fn equal_mappings_are_torchs_e_layout() {
-        let g = 2 << 20;
-        let shared = Shared::Mapped {
-            mappings: vec![mapping(0x4000_0000, g, 11), mapping(0x4000_0000 + g, g, 12)],
-        };
-        let (bytes, offset) = encode(&shared, 0x4000_0000 + 4096, 99);
-        assert_eq!(offset, 4096);
-        // torch's ShareHeader {pid_t pid; size_t segment_size; size_t num_handles;}: 24 bytes.
-        assert_eq!(bytes.len(), 2 + 24 + 2 * 4);
-        assert_eq!(bytes[1], b'e');
-        assert_eq!(&bytes[2..6], &99i32.to_le_bytes());
-        assert_eq!(&bytes[6..10], &[0; 4], "padding is zero: receivers cache by the bytes");
-        let parts = vec![ImportedPart { size: g, fd: 11 }, ImportedPart { size: g, fd: 12 }];
-        assert_eq!(decode(&bytes).unwrap(), Handle::Mapped { pid: 99, parts });
-    }
-
-    #[test]
-    fn mixed_mappings_are_cudamems_v_layout() {
-        let g = 2 << 20;
-        let shared = Shared::Mapped {
-            mappings: vec![mapping(0x10_0000_0000, 3 * g, 5), mapping(0x10_0000_0000 + 3 * g, g, 6)],
-        };
-        let (bytes, offset) = encode(&shared, 0x10_0000_0000 + 3 * g, 7);
-        assert_eq!(offset, 3 * g);
-        assert_eq!(bytes[1], b'v');
-        let parts = vec![ImportedPart { size: 3 * g, fd: 5 }, ImportedPart { size: g, fd: 6 }];
-        assert_eq!(decode(&bytes).unwrap(), Handle::Mapped { pid: 7, parts });
-    }
-
-    #[test]
-    fn malformed_handles_are_refused_with_a_reason() {
-        let g = 2u64 << 20;
-        let good = encode(
-            &Shared::Mapped {
-                mappings: vec![mapping(0, g, 3), mapping(g, g, 4)],
-            },
-            0,
-            5,
-        )
-        .0;
-        for (bytes, why) in [
-            (vec![], "truncated"),
-            (vec![3, b'c'], "newer"),
-            (vec![2, b'x'], "unknown"),
-            (vec![2, b'c', 1, 2], "truncated"),
-            (good[..good.len() - 1].to_vec(), "holds"),
-            ([good.clone(), vec![0]].concat(), "after its end"),
-            (
-                [vec![2, b'e'], 0i32.to_le_bytes().to_vec(), vec![0; 20]].concat(),
-                "process 0",
-            ),
-        ] {
-            let e = decode(&bytes).unwrap_err();
-            assert!(e.contains(why), "{bytes:?}: {e}");
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The native class's entries (see `crate::native`): shareIpcHandle, getIpcDevPtr and the
 // deleter of what getIpcDevPtr returned.
@@ -356,4 +268,92 @@ pub(crate) extern "C" fn nat_ipc_close(device: c_int, ptr: u64, opened: c_int) -
         };
         r.map_err(|e| aerr(AllocError::Device(e)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudamem_device::ipc::ExportedMapping;
+
+    fn mapping(start: u64, size: u64, fd: i32) -> ExportedMapping {
+        ExportedMapping { start, size, fd }
+    }
+
+    #[test]
+    fn a_segment_is_torchs_c_layout_and_reads_back() {
+        let handle = [7u8; IPC_HANDLE_SIZE];
+        let shared = Shared::Segment {
+            base: 0x1000,
+            size: 1 << 20,
+            handle,
+        };
+        let (bytes, offset) = encode(&shared, 0x1200, 42);
+        assert_eq!(offset, 0x200);
+        assert_eq!(bytes.len(), 2 + IPC_HANDLE_SIZE);
+        assert_eq!(&bytes[..2], &[2, b'c']);
+        assert_eq!(decode(&bytes).unwrap(), Handle::Segment(handle));
+        assert_eq!(
+            decode(&handle).unwrap(),
+            Handle::Segment(handle),
+            "torch's oldest: a bare handle"
+        );
+    }
+
+    #[test]
+    fn equal_mappings_are_torchs_e_layout() {
+        let g = 2 << 20;
+        let shared = Shared::Mapped {
+            mappings: vec![mapping(0x4000_0000, g, 11), mapping(0x4000_0000 + g, g, 12)],
+        };
+        let (bytes, offset) = encode(&shared, 0x4000_0000 + 4096, 99);
+        assert_eq!(offset, 4096);
+        // torch's ShareHeader {pid_t pid; size_t segment_size; size_t num_handles;}: 24 bytes.
+        assert_eq!(bytes.len(), 2 + 24 + 2 * 4);
+        assert_eq!(bytes[1], b'e');
+        assert_eq!(&bytes[2..6], &99i32.to_le_bytes());
+        assert_eq!(&bytes[6..10], &[0; 4], "padding is zero: receivers cache by the bytes");
+        let parts = vec![ImportedPart { size: g, fd: 11 }, ImportedPart { size: g, fd: 12 }];
+        assert_eq!(decode(&bytes).unwrap(), Handle::Mapped { pid: 99, parts });
+    }
+
+    #[test]
+    fn mixed_mappings_are_cudamems_v_layout() {
+        let g = 2 << 20;
+        let shared = Shared::Mapped {
+            mappings: vec![mapping(0x10_0000_0000, 3 * g, 5), mapping(0x10_0000_0000 + 3 * g, g, 6)],
+        };
+        let (bytes, offset) = encode(&shared, 0x10_0000_0000 + 3 * g, 7);
+        assert_eq!(offset, 3 * g);
+        assert_eq!(bytes[1], b'v');
+        let parts = vec![ImportedPart { size: 3 * g, fd: 5 }, ImportedPart { size: g, fd: 6 }];
+        assert_eq!(decode(&bytes).unwrap(), Handle::Mapped { pid: 7, parts });
+    }
+
+    #[test]
+    fn malformed_handles_are_refused_with_a_reason() {
+        let g = 2u64 << 20;
+        let good = encode(
+            &Shared::Mapped {
+                mappings: vec![mapping(0, g, 3), mapping(g, g, 4)],
+            },
+            0,
+            5,
+        )
+        .0;
+        for (bytes, why) in [
+            (vec![], "truncated"),
+            (vec![3, b'c'], "newer"),
+            (vec![2, b'x'], "unknown"),
+            (vec![2, b'c', 1, 2], "truncated"),
+            (good[..good.len() - 1].to_vec(), "holds"),
+            ([good.clone(), vec![0]].concat(), "after its end"),
+            (
+                [vec![2, b'e'], 0i32.to_le_bytes().to_vec(), vec![0; 20]].concat(),
+                "process 0",
+            ),
+        ] {
+            let e = decode(&bytes).unwrap_err();
+            assert!(e.contains(why), "{bytes:?}: {e}");
+        }
+    }
 }
