@@ -59,9 +59,17 @@ impl Segment {
     }
 
     /// Maps `[ptr, ptr+size)` rounded out to whole pages, all of it unmapped so far — PyTorch's
-    /// `ExpandableSegment::map`. Returns the mapped range, or `Ok(None)` when the device ran out
-    /// of memory (nothing stays mapped by this call then).
-    pub fn map(&mut self, dev: &dyn Device, ptr: u64, size: u64) -> Result<Option<(u64, u64)>, DeviceError> {
+    /// `ExpandableSegment::map` — in mappings of at most `map_chunk` bytes, or, with `whole`, in
+    /// one mapping (in chunks after all if the device refuses that one for lack of memory).
+    /// Returns the mapped range, or `Ok(None)` when the device ran out of memory (nothing stays
+    /// mapped by this call then).
+    pub fn map(
+        &mut self,
+        dev: &dyn Device,
+        ptr: u64,
+        size: u64,
+        whole: bool,
+    ) -> Result<Option<(u64, u64)>, DeviceError> {
         let base = self.base;
         let Backing::Expandable {
             page_size,
@@ -74,6 +82,17 @@ impl Segment {
         let ps = *page_size;
         debug_assert_eq!((ptr - base) % ps, 0, "map start must be page aligned");
         let end = base + (ptr + size - base).div_ceil(ps) * ps;
+        if whole && end - ptr > *map_chunk {
+            match dev.map(ptr, end - ptr) {
+                Ok(()) => {
+                    let i = mappings.partition_point(|m| m.0 < ptr);
+                    mappings.insert(i, (ptr, end - ptr));
+                    return Ok(Some((ptr, end - ptr)));
+                }
+                Err(e) if e.is_out_of_memory() => {} // smaller mappings may still fit
+                Err(e) => return Err(e),
+            }
+        }
         let mut at = ptr;
         while at < end {
             let chunk = (*map_chunk).max(ps).min(end - at);

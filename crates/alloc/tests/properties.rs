@@ -172,6 +172,9 @@ impl Policy for Outside {
     fn map_chunk(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
         self.0.map_chunk(cfg, pool)
     }
+    fn whole_growth_headroom(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<f64> {
+        self.0.whole_growth_headroom(cfg, pool)
+    }
 }
 
 /// A 400 MiB simulated device whose events complete when told, and the named policy with the

@@ -61,6 +61,21 @@ impl<S: StatSink> Engine<S> {
         Ok(id)
     }
 
+    /// Whether a growth of `pool` by `size` bytes is one device mapping: the policy's
+    /// `whole_growth_headroom` share of the memory this allocator may use (the memory
+    /// fraction's limit, else the device's) stays unreserved after it. From the engine's own
+    /// count, not the driver's: no device query on the allocation path (nor during a capture).
+    fn growth_maps_whole(&self, pool: PoolId, size: u64) -> bool {
+        let Some(share) = self.policy.get().whole_growth_headroom(&self.config, pool) else {
+            return false;
+        };
+        let limit = self
+            .allowed_memory_maximum
+            .unwrap_or_else(|| self.device.total_memory());
+        let left = limit.saturating_sub(self.total_allocated_memory.saturating_add(size));
+        left as f64 >= share * limit as f64
+    }
+
     /// Maps the first `size` bytes of the unmapped block `to_map` (PyTorch `map_block`).
     /// Returns false when the device is out of memory.
     pub(super) fn map_block(&mut self, to_map: BlockId, size: u64) -> Result<bool, AllocError> {
@@ -69,7 +84,8 @@ impl<S: StatSink> Engine<S> {
             debug_assert!(!b.mapped && size <= b.size);
             (b.segment, b.addr, b.size, b.stream, b.pool)
         };
-        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size)? else {
+        let whole = self.growth_maps_whole(pool, size);
+        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size, whole)? else {
             return Ok(false);
         };
         debug_assert!(mptr == addr && msize >= size);

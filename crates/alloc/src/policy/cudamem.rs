@@ -15,9 +15,10 @@
 //!    page, PyTorch's retry path unmaps every wholly free page and maps the request again — with
 //!    2 MiB pages that frees far more than 20 MiB pages do, so a job fits a smaller GPU.
 //!
-//! `cudamem` (the default) maps a growth in allocations of up to 16 MiB ([`MAP_CHUNK`]: fewer
-//! driver calls than page by page) and stops there: after warm-up it maps and unmaps nothing,
-//! so a training loop pays no steady-state cost.
+//! `cudamem` (the default) maps a growth as one allocation while memory is plentiful
+//! ([`WHOLE_GROWTH_HEADROOM`]) and in allocations of up to 16 MiB ([`MAP_CHUNK`]) near the limit,
+//! and stops there: after warm-up it maps and unmaps nothing, so a training loop pays no
+//! steady-state cost.
 //!
 //! `cudamem-compact` adds **reclaim at the high-water mark**: before mapping new pages, if the
 //! growth would take the reserved total above the most this allocator ever held, the whole free
@@ -49,6 +50,15 @@ pub const PAGE: u64 = 2 << 20;
 /// expandable segments. The calls it makes beyond expandable segments' are a one-time cost of
 /// the first iteration; after warm-up it maps nothing.
 pub const MAP_CHUNK: u64 = 16 << 20;
+
+/// `cudamem` maps a growth as one device mapping while at least this share of the memory it may
+/// use stays unreserved after it, and in [`MAP_CHUNK`] pieces below that. Each mapping costs
+/// about what a `cudaMalloc` does, whatever its size up to hundreds of MiB, so a first
+/// iteration on a GPU with room to spare makes one driver mapping per growth; near the limit,
+/// where the retry path can give back only whole mappings, growths are cut. The rule: the
+/// lowest share (the most growths made whole) with which every shared trace still fits
+/// (`cudamem fit`) the same smallest GPU as with [`MAP_CHUNK`] pieces alone.
+pub const WHOLE_GROWTH_HEADROOM: f64 = 0.9;
 
 /// The `cudamem` and `cudamem-compact` policies. See the [module documentation](self).
 #[derive(Clone, Copy, Debug, Default)]
@@ -93,6 +103,9 @@ impl Policy for CudamemPolicy {
     fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
         // cudamem-compact reclaims single pages, so it maps single pages.
         (!self.compact).then_some(MAP_CHUNK)
+    }
+    fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
+        (!self.compact).then_some(WHOLE_GROWTH_HEADROOM)
     }
 
     fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {

@@ -22,7 +22,7 @@ pub mod registry;
 
 use std::fmt;
 
-pub use cudamem::CudamemPolicy;
+pub use cudamem::{CudamemPolicy, MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
 pub use pytorch::PytorchPolicy;
 pub use registry::{by_name, PolicyEntry, POLICY_NAMES, REGISTRY};
 
@@ -72,6 +72,15 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// `None` maps one page per mapping, as PyTorch does. Larger mappings cost fewer driver calls
     /// (one `cuMemCreate`+`cuMemMap` per mapping) but are unmapped only when wholly free.
     fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
+        None
+    }
+    /// For an expandable pool with a `map_chunk`: while at least this share of the memory the
+    /// allocator may use (the device's, or the memory fraction's limit) stays unreserved after
+    /// a growth, the growth is one device mapping instead of `map_chunk`-sized ones. Each
+    /// mapping costs about one `cudaMalloc`, so this makes the first iteration's growths as
+    /// cheap as possible while memory is plentiful; when it is not, small mappings keep what
+    /// the out-of-memory retry can give back. `None`: always `map_chunk`.
+    fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
         None
     }
 

@@ -1,0 +1,75 @@
+//! How the `cudamem` policy maps a growth: one device mapping while at least
+//! `WHOLE_GROWTH_HEADROOM` of the memory it may use stays unreserved after it (the device's, or
+//! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that; `cudamem-compact` maps
+//! page by page. Mappings are counted on the simulated device.
+
+use std::sync::Arc;
+
+use cudamem_alloc::policy::{MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator};
+use cudamem_device::sim::{SimConfig, SimDevice};
+use cudamem_device::{Device, StreamId};
+
+const MIB: u64 = 1 << 20;
+const GROWTH: u64 = 200 * MIB;
+
+fn setup(policy: &str, capacity: u64) -> (Arc<SimDevice>, CachingAllocator) {
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    }));
+    let dev: Arc<dyn Device> = sim.clone();
+    let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
+    (sim, a)
+}
+
+/// The mappings one allocation of `GROWTH` bytes makes, and the pages they hold.
+fn maps_of_one_growth(sim: &SimDevice, a: &CachingAllocator) -> (u64, u64) {
+    let before = sim.counters();
+    let p = a.malloc(GROWTH, StreamId(0)).unwrap();
+    let after = sim.counters();
+    a.free(p).unwrap();
+    a.check_invariants().unwrap();
+    (after.maps - before.maps, after.pages_mapped - before.pages_mapped)
+}
+
+#[test]
+fn a_growth_with_room_to_spare_is_one_mapping() {
+    let capacity = 8 << 30; // 200 MiB leaves 97.6% free
+    assert!((capacity - GROWTH) as f64 >= WHOLE_GROWTH_HEADROOM * capacity as f64);
+    let (sim, a) = setup("cudamem", capacity);
+    assert_eq!(maps_of_one_growth(&sim, &a), (1, GROWTH / PAGE));
+    // Given back whole, as a chunked growth would be.
+    a.empty_cache().unwrap();
+    assert_eq!(sim.used(), 0);
+}
+
+#[test]
+fn a_growth_near_the_limit_is_cut_into_map_chunk_mappings() {
+    let capacity = 1 << 30; // 200 MiB leaves 80% free
+    assert!(((capacity - GROWTH) as f64) < WHOLE_GROWTH_HEADROOM * capacity as f64);
+    let (sim, a) = setup("cudamem", capacity);
+    assert_eq!(
+        maps_of_one_growth(&sim, &a),
+        (GROWTH.div_ceil(MAP_CHUNK), GROWTH / PAGE)
+    );
+}
+
+#[test]
+fn the_memory_fraction_is_the_limit_the_headroom_is_measured_against() {
+    let (sim, a) = setup("cudamem", 8 << 30);
+    a.set_memory_fraction(0.125).unwrap(); // a 1 GiB limit: as near as on a 1 GiB device
+    assert_eq!(
+        maps_of_one_growth(&sim, &a),
+        (GROWTH.div_ceil(MAP_CHUNK), GROWTH / PAGE)
+    );
+    a.set_memory_fraction(1.0).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(maps_of_one_growth(&sim, &a), (1, GROWTH / PAGE));
+}
+
+#[test]
+fn cudamem_compact_maps_page_by_page_whatever_the_room() {
+    let (sim, a) = setup("cudamem-compact", 8 << 30);
+    assert_eq!(maps_of_one_growth(&sim, &a), (GROWTH / PAGE, GROWTH / PAGE));
+}
