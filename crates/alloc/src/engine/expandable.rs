@@ -65,6 +65,8 @@ impl<S: StatSink> Engine<S> {
     /// `whole_growth_headroom` share of the memory this allocator may use (the memory
     /// fraction's limit, else the device's) stays unreserved after it. From the engine's own
     /// count, not the driver's: no device query on the allocation path (nor during a capture).
+    /// A shard of `sharded:True` counts its own reservations only; a whole mapping the device
+    /// refuses falls back to pieces (`Segment::map`).
     fn growth_maps_whole(&self, pool: PoolId, size: u64) -> bool {
         let Some(share) = self.policy.get().whole_growth_headroom(&self.config, pool) else {
             return false;
