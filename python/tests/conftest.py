@@ -2,6 +2,8 @@
 
 import itertools
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("CUDAMEM_DEVICE", "sim")
 
@@ -25,3 +27,15 @@ def dev():
 def new_dev():
     """A factory of fresh device ordinals, for tests that need several."""
     return lambda: next(_ordinals)
+
+
+@pytest.fixture
+def run_python():
+    """Runs `code` in a fresh interpreter on the simulated device, with `env` added to the
+    environment; returns the completed process (text output captured)."""
+
+    def run(code, **env):
+        full = {**os.environ, "CUDAMEM_DEVICE": "sim", **env}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+    return run

@@ -6,8 +6,6 @@ C ABI and the C++ shim are tested in test_c_abi.py.
 
 import collections
 import math
-import os
-import subprocess
 import sys
 import threading
 import types
@@ -261,40 +259,35 @@ def test_configure_after_first_use_is_a_runtime_error(dev):
         cudamem.configure(policy="pytorch")
 
 
-def _run(code, **env):
-    full = {**os.environ, "CUDAMEM_DEVICE": "sim", **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
-
-
-def test_bad_settings_from_the_environment():
+def test_bad_settings_from_the_environment(run_python):
     code = (
         "import cudamem\n"
         "try:\n    cudamem.malloc(16)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
     )
-    r = _run(code, CUDAMEM_ALLOC_CONF="garbage_key:1")
+    r = run_python(code, CUDAMEM_ALLOC_CONF="garbage_key:1")
     assert "ValueError:" in r.stdout and "garbage_key" in r.stdout, r.stdout + r.stderr
-    r = _run(code, CUDAMEM_POLICY="nope")
+    r = run_python(code, CUDAMEM_POLICY="nope")
     assert "ValueError: CUDAMEM_POLICY" in r.stdout, r.stdout + r.stderr
-    r = _run(code, CUDAMEM_DEVICE="tpu")
+    r = run_python(code, CUDAMEM_DEVICE="tpu")
     assert "ValueError: CUDAMEM_DEVICE" in r.stdout, r.stdout + r.stderr
 
 
-def test_simulated_capacity_takes_every_size_the_cli_takes():
+def test_simulated_capacity_takes_every_size_the_cli_takes(run_python):
     # One size parser for the CLI, the Rust API and CUDAMEM_DEVICE: binary and decimal units,
     # either case, up to EiB.
     code = "import cudamem\nprint(cudamem.mem_get_info()[1])\n"
     for size, total in [("8GiB", 8 << 30), ("8G", 8 << 30), ("80GB", 80 * 10**9), ("8gb", 8 * 10**9),
                         ("1.5TiB", 3 << 39), ("2PiB", 2 << 50), ("1eib", 1 << 60), ("1073741824", 1 << 30)]:
-        r = _run(code, CUDAMEM_DEVICE=f"sim:{size}")
+        r = run_python(code, CUDAMEM_DEVICE=f"sim:{size}")
         assert r.returncode == 0 and r.stdout.split() == [str(total)], (size, r.stdout + r.stderr)
     bad = "import cudamem\ntry:\n    cudamem.malloc(16)\nexcept ValueError as e:\n    print('ValueError:', e)\n"
     for size, says in [("0", "out of range"), ("8XB", "unknown size unit 'XB'"), ("-1", "negative"),
                        ("lots", "not a size")]:
-        r = _run(bad, CUDAMEM_DEVICE=f"sim:{size}")
+        r = run_python(bad, CUDAMEM_DEVICE=f"sim:{size}")
         assert "ValueError: CUDAMEM_DEVICE" in r.stdout and says in r.stdout, (size, r.stdout + r.stderr)
 
 
-def test_policy_and_config_in_a_fresh_process():
+def test_policy_and_config_in_a_fresh_process(run_python):
     code = (
         "import cudamem\n"
         "cudamem.configure(policy='pytorch', config='max_split_size_mb:64')\n"
@@ -303,10 +296,10 @@ def test_policy_and_config_in_a_fresh_process():
         "print(i['policy'], i['config'], cudamem.memory_stats()['max_split_size'])\n"
         "cudamem.free(p)\n"
     )
-    r = _run(code)
+    r = run_python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["pytorch", "max_split_size_mb:64", str(64 << 20)]
-    r = _run("import cudamem; p = cudamem.malloc(5); print(cudamem.info()['allocators'][0]['policy'])",
+    r = run_python("import cudamem; p = cudamem.malloc(5); print(cudamem.info()['allocators'][0]['policy'])",
              CUDAMEM_POLICY="pytorch-expandable")
     assert r.stdout.strip() == "pytorch-expandable", r.stderr
 

@@ -4,10 +4,8 @@ c10/util/Exception.h when a C++ compiler is present), on the simulated GPU (see 
 """
 
 import ctypes
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +17,6 @@ from cudamem import _cudamem
 MiB = 1 << 20
 GiB = 1 << 30
 HERE = Path(__file__).resolve().parent
-
-
-def _run(code, **env):
-    full = {**os.environ, "CUDAMEM_DEVICE": "sim", **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
 
 
 # ------------------------------------------------------------------------------------------
@@ -126,7 +119,7 @@ def test_c_malloc_out_of_memory_is_not_silent(lib, dev, capfd):
     assert lib.cudamem_last_error_kind() == _cudamem.ERR_OOM
 
 
-def test_c_malloc_abort_mode_in_a_subprocess():
+def test_c_malloc_abort_mode_in_a_subprocess(run_python):
     code = (
         "import ctypes, cudamem\n"
         "from cudamem import _cudamem\n"
@@ -137,7 +130,7 @@ def test_c_malloc_abort_mode_in_a_subprocess():
         "lib.cudamem_malloc(10**13, 0, None)\n"
         "print('returned')\n"
     )
-    r = _run(code)
+    r = run_python(code)
     assert r.returncode != 0 and "returned" not in r.stdout
     assert "CUDA out of memory" in r.stderr and "aborting" in r.stderr
 

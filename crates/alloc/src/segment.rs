@@ -82,34 +82,13 @@ impl Segment {
         let ps = *page_size;
         debug_assert_eq!((ptr - base) % ps, 0, "map start must be page aligned");
         let end = base + (ptr + size - base).div_ceil(ps) * ps;
-        if whole && end - ptr > *map_chunk {
-            match dev.map(ptr, end - ptr) {
-                Ok(()) => {
-                    let i = mappings.partition_point(|m| m.0 < ptr);
-                    mappings.insert(i, (ptr, end - ptr));
-                    return Ok(Some((ptr, end - ptr)));
-                }
-                Err(e) if e.is_out_of_memory() => {} // smaller mappings may still fit
-                Err(e) => return Err(e),
-            }
+        let chunk = (*map_chunk).max(ps);
+        if whole && end - ptr > chunk {
+            if let Some(r) = map_run(dev, mappings, ptr, end, end - ptr)? {
+                return Ok(Some(r));
+            } // refused for lack of memory: smaller mappings may still fit
         }
-        let mut at = ptr;
-        while at < end {
-            let chunk = (*map_chunk).max(ps).min(end - at);
-            if let Err(e) = dev.map(at, chunk) {
-                let from = mappings.partition_point(|m| m.0 < ptr);
-                let to = mappings.partition_point(|m| m.0 < at);
-                for &(a, l) in &mappings[from..to] {
-                    dev.unmap(a, l)?;
-                }
-                mappings.drain(from..to);
-                return if e.is_out_of_memory() { Ok(None) } else { Err(e) };
-            }
-            let i = mappings.partition_point(|m| m.0 < at);
-            mappings.insert(i, (at, chunk));
-            at += chunk;
-        }
-        Ok(Some((ptr, end - ptr)))
+        map_run(dev, mappings, ptr, end, chunk)
     }
 
     /// Unmaps the mappings lying wholly inside `[ptr, ptr+size)` — PyTorch's
@@ -200,4 +179,33 @@ impl std::ops::IndexMut<SegmentId> for SegmentTable {
     fn index_mut(&mut self, id: SegmentId) -> &mut Segment {
         self.slots[id.0 as usize].as_mut().expect("dead segment id")
     }
+}
+
+/// Maps `[ptr, end)` in mappings of at most `largest` bytes, recording each in `mappings`
+/// (sorted by address). On any failure the mappings this call made are undone; a lack of
+/// memory is `Ok(None)`.
+fn map_run(
+    dev: &dyn Device,
+    mappings: &mut Vec<(u64, u64)>,
+    ptr: u64,
+    end: u64,
+    largest: u64,
+) -> Result<Option<(u64, u64)>, DeviceError> {
+    let mut at = ptr;
+    while at < end {
+        let chunk = largest.min(end - at);
+        if let Err(e) = dev.map(at, chunk) {
+            let from = mappings.partition_point(|m| m.0 < ptr);
+            let to = mappings.partition_point(|m| m.0 < at);
+            for &(a, l) in &mappings[from..to] {
+                dev.unmap(a, l)?;
+            }
+            mappings.drain(from..to);
+            return if e.is_out_of_memory() { Ok(None) } else { Err(e) };
+        }
+        let i = mappings.partition_point(|m| m.0 < at);
+        mappings.insert(i, (at, chunk));
+        at += chunk;
+    }
+    Ok(Some((ptr, end - ptr)))
 }

@@ -3,24 +3,18 @@
 //! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that; `cudamem-compact` maps
 //! page by page. Mappings are counted on the simulated device.
 
-use std::sync::Arc;
-
 use cudamem_alloc::policy::{MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
-use cudamem_alloc::{AllocatorConfig, CachingAllocator};
-use cudamem_device::sim::{SimConfig, SimDevice};
+use cudamem_alloc::CachingAllocator;
+use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
+
+mod support;
 
 const MIB: u64 = 1 << 20;
 const GROWTH: u64 = 200 * MIB;
 
-fn setup(policy: &str, capacity: u64) -> (Arc<SimDevice>, CachingAllocator) {
-    let sim = Arc::new(SimDevice::new(SimConfig {
-        capacity,
-        ..SimConfig::default()
-    }));
-    let dev: Arc<dyn Device> = sim.clone();
-    let a = CachingAllocator::with_policy(dev, AllocatorConfig::default(), policy).unwrap();
-    (sim, a)
+fn setup(policy: &str, capacity: u64) -> (std::sync::Arc<SimDevice>, CachingAllocator) {
+    support::small(capacity, policy, "")
 }
 
 /// The mappings one allocation of `GROWTH` bytes makes, and the pages they hold.
