@@ -75,6 +75,8 @@ PY
     python3 - "$tests" "$work" "$(( start + budget ))" "${OUT:-}" <<'PY'
 import collections, glob, json, os, re, subprocess, sys, time
 
+from pytorch_tests_merge import summarize  # the summary both print (scripts/gpu/torch on PYTHONPATH)
+
 tests, work, deadline, out = os.path.abspath(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
 test_file = os.path.join(tests, "test_cuda.py")
 extensions = os.path.join(work, "torch-extensions")  # torch's load_inline builds, for both runs
@@ -231,20 +233,7 @@ for i in selected:
         print(f"{'':<{w}}    cudamem: {cudamem.get(i, ('', ''))[1][:200]}")
     if n not in ("passed", "skipped") and n != c:
         print(f"{'':<{w}}    native: {native.get(i, ('', ''))[1][:200]}")
-passed_native = [i for i in selected if native.get(i, ("",))[0] == "passed"]
-both = [i for i in passed_native if cudamem.get(i, ("",))[0] == "passed"]
-regressions = [i for i in passed_native if i not in both]
-only_cudamem = [i for i in selected if cudamem.get(i, ("",))[0] == "passed" and i not in passed_native]
-counts = {m: {} for m in ("native", "cudamem")}
-for m, res in (("native", native), ("cudamem", cudamem)):
-    for o, _ in res.values():
-        counts[m][o] = counts[m].get(o, 0) + 1
-print(f"\noutcomes: native {counts['native']}; cudamem {counts['cudamem']}")
-print(f"SUMMARY: {len(selected)} selected; {len(passed_native)} passed with torch's allocator; "
-      f"{len(both)} of those passed with cudamem; passing natively but not with cudamem: "
-      + (", ".join(f"{i} ({cudamem.get(i, ('-',))[0]})" for i in regressions) or "none"))
-if only_cudamem:
-    print("passing with cudamem but not natively:", ", ".join(only_cudamem))
+passed_native, both, regressions = summarize(selected, native, cudamem)
 if out:
     json.dump({"selected": selected, "collected": len(collected), "install_modes": modes,
                "native": {i: list(v) for i, v in native.items()},

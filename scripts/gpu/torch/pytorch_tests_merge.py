@@ -11,6 +11,29 @@ import json
 import sys
 
 
+def summarize(selected, native, cudamem, label=""):
+    """Prints the outcome counts and the summary line of a comparison (`native` and `cudamem`
+    map test ids to [outcome, message]); returns (passed natively, passed with both,
+    passed natively but not with cudamem)."""
+    o = lambda res, i: res.get(i, ("-",))[0]  # noqa: E731
+    passed = [i for i in selected if o(native, i) == "passed"]
+    both = [i for i in passed if o(cudamem, i) == "passed"]
+    regressions = [i for i in passed if i not in both]
+    counts = {}
+    for m, res in (("native", native), ("cudamem", cudamem)):
+        counts[m] = {}
+        for out, _ in res.values():
+            counts[m][out] = counts[m].get(out, 0) + 1
+    print(f"\noutcomes: native {counts['native']}; cudamem {counts['cudamem']}")
+    print(f"SUMMARY{label}: {len(selected)} selected; {len(passed)} passed with torch's allocator; "
+          f"{len(both)} of those passed with cudamem; passing natively but not with cudamem: "
+          + (", ".join(f"{i} ({o(cudamem, i)})" for i in regressions) or "none"))
+    only = [i for i in selected if o(cudamem, i) == "passed" and i not in passed]
+    if only:
+        print("passing with cudamem but not natively:", ", ".join(only))
+    return passed, both, regressions
+
+
 def main(paths):
     if not paths:
         sys.exit(__doc__)
@@ -30,21 +53,7 @@ def main(paths):
     print(f"{'test':<{w}}  {'native':<9} {'cudamem':<9}")
     for i in selected:
         print(f"{i:<{w}}  {native[i][0]:<9} {cudamem[i][0]:<9}")
-    passed = [i for i in selected if native[i][0] == "passed"]
-    both = [i for i in passed if cudamem[i][0] == "passed"]
-    regressions = [i for i in passed if i not in both]
-    counts = {}
-    for m, res in (("native", native), ("cudamem", cudamem)):
-        counts[m] = {}
-        for o, _ in res.values():
-            counts[m][o] = counts[m].get(o, 0) + 1
-    print(f"\noutcomes: native {counts['native']}; cudamem {counts['cudamem']}")
-    print(f"SUMMARY ({len(paths)} parts): {len(selected)} selected; {len(passed)} passed with torch's allocator; "
-          f"{len(both)} of those passed with cudamem; passing natively but not with cudamem: "
-          + (", ".join(f"{i} ({cudamem[i][0]})" for i in regressions) or "none"))
-    only = [i for i in selected if cudamem[i][0] == "passed" and native[i][0] != "passed"]
-    if only:
-        print("passing with cudamem but not natively:", ", ".join(only))
+    regressions = summarize(selected, native, cudamem, f" ({len(paths)} parts)")[2]
     return 1 if regressions else 0
 
 
