@@ -15,7 +15,10 @@ alternate, --rounds of each; the figure is the median per kind.
 
 Reported per trace: ns per operation in the cold and the warm pass, cudamem / native, and the
 device allocations of each pass (memory_stats()["num_device_alloc"]: cudaMalloc calls for torch,
-segment growths for cudamem, each of one or more mappings). Writes cold-pass.json and prints a table.
+segment growths for cudamem, each of one or more mappings). Writes cold-pass.json and prints a
+table. With --slow-ops each operation is also timed on its own (both kinds pay the two clock
+reads): the cold pass's operations that took more than 20 µs, their count and total time, say
+whether the pass's cost lies in its device allocations or is spread over every operation.
 """
 
 import argparse
@@ -50,7 +53,10 @@ def load_ops(path):
     return ops
 
 
-def child(kind, trace):
+SLOW_NS = 20_000
+
+
+def child(kind, trace, slow_ops):
     if kind == "cudamem":
         import cudamem.torch
 
@@ -65,25 +71,43 @@ def child(kind, trace):
     for name in ("cold", "warm"):
         before = torch.cuda.memory_stats().get("num_device_alloc", 0)
         ptrs = {}
-        t0 = time.perf_counter_ns()
-        for is_alloc, addr, size, stream in ops:
-            if is_alloc:
-                ptrs[addr] = alloc(size, 0, streams[stream])
-            else:
-                delete(ptrs.pop(addr))
-        t1 = time.perf_counter_ns()
+        slow = []
+        clock = time.perf_counter_ns
+        t0 = clock()
+        if slow_ops:
+            for is_alloc, addr, size, stream in ops:
+                s0 = clock()
+                if is_alloc:
+                    ptrs[addr] = alloc(size, 0, streams[stream])
+                else:
+                    delete(ptrs.pop(addr))
+                d = clock() - s0
+                if d > SLOW_NS:
+                    slow.append((d, is_alloc, size))
+        else:
+            for is_alloc, addr, size, stream in ops:
+                if is_alloc:
+                    ptrs[addr] = alloc(size, 0, streams[stream])
+                else:
+                    delete(ptrs.pop(addr))
+        t1 = clock()
         for p in ptrs.values():  # blocks the trace never freed: freed untimed, for the next pass
             delete(p)
         torch.cuda.synchronize()
         out[name] = {"ns_per_op": (t1 - t0) / len(ops),
                      "device_allocs": torch.cuda.memory_stats().get("num_device_alloc", 0) - before,
                      "peak_reserved": torch.cuda.max_memory_reserved()}
+        if slow_ops:
+            slow.sort(reverse=True)
+            out[name]["slow_ops"] = {"count": len(slow), "total_ns": sum(d for d, _, _ in slow),
+                                     "largest": [{"ns": d, "alloc": a, "size": z} for d, a, z in slow[:8]]}
     print("RESULT " + json.dumps(out))
     return 0
 
 
-def spawn(kind, trace):
-    r = subprocess.run([sys.executable, __file__, "--child", kind, str(trace)], capture_output=True, text=True,
+def spawn(kind, trace, slow_ops):
+    r = subprocess.run([sys.executable, __file__, "--child", kind, str(trace), "1" if slow_ops else "0"],
+                       capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
@@ -93,11 +117,12 @@ def spawn(kind, trace):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        return child(sys.argv[2], sys.argv[3])
+        return child(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--slow-ops", action="store_true", help="time each operation; report those over 20 µs")
     a = ap.parse_args()
     if a.rounds < 1:
         print("--rounds: at least 1", file=sys.stderr)
@@ -112,7 +137,7 @@ def main():
         runs = {"native": [], "cudamem": []}
         for _ in range(a.rounds):
             for kind in ("native", "cudamem"):  # alternated, each in a fresh process
-                runs[kind].append(spawn(kind, t))
+                runs[kind].append(spawn(kind, t, a.slow_ops))
         results.append({"trace": t.name.split(".")[0], "runs": runs})
         print(f"{t.name}: done", flush=True)
     rows = ["| trace | ops | cold ns/op native / cudamem (ratio) | warm ns/op native / cudamem (ratio) | device allocs "
@@ -131,6 +156,18 @@ def main():
         rows.append(f"| {r['trace']} | {ok['native'][0]['ops']} | {cells[0]} | {cells[1]} | "
                     f"{allocs['native']['cold']} / {allocs['cudamem']['cold']} | "
                     f"{allocs['native']['warm']} / {allocs['cudamem']['warm']} |")
+    if a.slow_ops:
+        rows.append("")
+        rows.append("| trace | cold-pass operations over 20 µs, native / cudamem: count, ms in all (median) |")
+        rows.append("|---|---|")
+        for r in results:
+            cell = []
+            for k in ("native", "cudamem"):
+                v = [x["cold"]["slow_ops"] for x in r["runs"][k] if "error" not in x]
+                if v:
+                    cell.append(f"{statistics.median(x['count'] for x in v):.0f}, "
+                                f"{statistics.median(x['total_ns'] for x in v) / 1e6:.1f}")
+            rows.append(f"| {r['trace']} | {' / '.join(cell)} |")
     md = "\n".join(rows)
     print(md)
     out = Path(a.out)

@@ -32,6 +32,8 @@ main() {
 
     step "(1) capability checks (cudamem installed)"
     timeout 420 python3 $here/native_check.py || { echo "checks FAILED"; rc=1; }
+    echo "-- the same snapshot frames with torch's allocator, for comparison:"
+    timeout 120 python3 $here/native_check.py --mode native --only frames
 
     step "(1b) CUDA tensors sent to another process (torch.multiprocessing)"
     timeout 600 python3 $here/ipc_check.py || { echo "IPC checks FAILED"; rc=1; }

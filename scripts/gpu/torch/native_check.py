@@ -318,6 +318,27 @@ def _():
     del x
 
 
+@check("snapshots with C++ and Python frames (stacks='all', context='state')", "frames")
+def _():
+    # torch's own recorder gathers the frames (CapturedTraceback); the allocator only keeps them, so a
+    # block must carry C++ frames (not a .py file) beside the caller's Python frame.
+    torch.cuda.memory._record_memory_history("state", stacks="all")
+    try:
+        x = torch.rand(311, 411, device="cuda")
+        segs = torch.cuda.memory._snapshot()["segments"]
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+    blocks = [b for s in segs for b in s["blocks"] if b.get("requested_size") == 311 * 411 * 4]
+    expect(blocks, "no block of the tensor in the snapshot")
+    frames = blocks[0].get("frames", [])
+    cpp = [f for f in frames if not f.get("filename", "").endswith(".py")]
+    py = [f for f in frames if f.get("filename", "").endswith("native_check.py")]
+    print(f"  {len(frames)} frames, {len(cpp)} C++: {[f.get('name', '')[:60] for f in cpp[:4]]}")
+    expect(py, f"no Python frame of the caller in {len(frames)} frames")
+    expect(cpp, f"no C++ frame in {len(frames)} frames")
+    del x
+
+
 @check("C++ snapshot(): segments of the default and a private pool", "history")
 def _():
     pool = torch.cuda.MemPool()
