@@ -1,6 +1,7 @@
 //! # The process-global registry of per-device allocators
 //!
-//! One [`CachingAllocator`] per device ordinal, created on first use and then kept for the rest
+//! One allocator per device ordinal (a [`cudamem::Allocator`], the Rust API's, whose engine,
+//! a [`CachingAllocator`], serves the calls), created on first use and then kept for the rest
 //! of the process (never dropped: PyTorch frees tensors during interpreter shutdown, and those
 //! frees must still find their allocator). Allocators never share memory: a block of device 1 is
 //! never handed to device 0.
@@ -19,11 +20,12 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudamem::OpenedDevice;
 use cudamem_alloc::engine::TraceObserver;
 use cudamem_alloc::size::parse_size;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
-use cudamem_device::{Device, DeviceError};
+use cudamem_device::DeviceError;
 
 /// The number of device ordinals the registry serves (0 .. MAX_DEVICES).
 pub const MAX_DEVICES: usize = 64;
@@ -36,8 +38,14 @@ static SLOTS: [OnceLock<Entry>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_D
 /// One device's allocator and the policy name it was created with (as asked for:
 /// `pytorch-expandable` is the `pytorch` policy with expandable segments).
 struct Entry {
-    alloc: CachingAllocator,
+    alloc: cudamem::Allocator,
     policy: String,
+}
+
+impl Entry {
+    fn engine(&self) -> &CachingAllocator {
+        self.alloc.caching_allocator()
+    }
 }
 static CREATE: Mutex<()> = Mutex::new(());
 /// How many allocators exist, and the ordinal of the first: with one, a free needs no search.
@@ -102,7 +110,7 @@ pub fn slot_index(device: i32) -> Result<usize, RegistryError> {
 /// The allocator of `device` if it was created already (never creates one).
 pub fn get(device: i32) -> Option<&'static CachingAllocator> {
     let i = usize::try_from(device).ok()?;
-    SLOTS.get(i)?.get().map(|e| &e.alloc)
+    SLOTS.get(i)?.get().map(Entry::engine)
 }
 
 /// The policy name `device`'s allocator was created with, if it exists.
@@ -115,28 +123,28 @@ pub fn policy_of(device: i32) -> Option<&'static str> {
 pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryError> {
     let i = slot_index(device)?;
     if let Some(e) = SLOTS[i].get() {
-        return Ok(&e.alloc);
+        return Ok(e.engine());
     }
     let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = SLOTS[i].get() {
-        return Ok(&e.alloc);
+        return Ok(e.engine());
     }
     let (config, policy) = effective_settings()?;
     let dev = open_device(device)?;
     let alloc =
-        CachingAllocator::with_policy(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+        cudamem::Allocator::on_device(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
     // Memory history set for every device (record_memory_history(device=None)) applies to
     // allocators created later too; under CREATE, so that no setting is missed.
-    crate::history::on_new_allocator(device, &alloc);
+    crate::history::on_new_allocator(device, alloc.caching_allocator());
     if let Some(o) = lock_observer().clone() {
-        alloc.lock().set_trace_observer(Some(o));
+        alloc.caching_allocator().lock().set_trace_observer(Some(o));
     }
     let _ = SLOTS[i].set(Entry { alloc, policy });
     if CREATED.load(Ordering::Relaxed) == 0 {
         FIRST.store(device, Ordering::Relaxed);
     }
     CREATED.fetch_add(1, Ordering::Release); // after the slot is set: `sole` reads it
-    Ok(&SLOTS[i].get().expect("slot was just set").alloc)
+    Ok(SLOTS[i].get().expect("slot was just set").engine())
 }
 
 /// The observer of every allocator's events, existing and future (torch's trace trackers and
@@ -179,7 +187,7 @@ pub fn existing() -> impl Iterator<Item = (i32, &'static CachingAllocator)> {
     SLOTS
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| s.get().map(|e| (i as i32, &e.alloc)))
+        .filter_map(|(i, s)| s.get().map(|e| (i as i32, e.engine())))
 }
 
 /// Sets the policy and/or configuration string for the allocators still to be created.
@@ -316,15 +324,17 @@ pub fn parse_device_kind(v: &str) -> Result<DeviceKind, RegistryError> {
     }
 }
 
-fn open_device(ordinal: i32) -> Result<Arc<dyn Device>, RegistryError> {
+/// The device of torch's ordinal `ordinal`, of the kind `CUDAMEM_DEVICE` names (a simulated
+/// one carries the ordinal as its index, so that snapshots and messages name it).
+fn open_device(ordinal: i32) -> Result<OpenedDevice, RegistryError> {
     match device_kind()? {
-        DeviceKind::Sim(capacity) => Ok(Arc::new(SimDevice::new(SimConfig {
+        DeviceKind::Sim(capacity) => Ok(OpenedDevice::Sim(Arc::new(SimDevice::new(SimConfig {
             index: ordinal,
             capacity,
             ..SimConfig::default()
-        }))),
+        })))),
         DeviceKind::Cuda => match cudamem_cuda::CudaDevice::new(ordinal) {
-            Ok(d) => Ok(Arc::new(d)),
+            Ok(d) => Ok(OpenedDevice::Cuda(Arc::new(d))),
             Err(e) => {
                 let count = cudamem_cuda::device_count();
                 if cudamem_cuda::is_available() && ordinal >= count {

@@ -55,6 +55,15 @@ impl fmt::Debug for Allocator {
     }
 }
 
+/// A device opened for [`Allocator::on_device`].
+#[derive(Clone, Debug)]
+pub enum OpenedDevice {
+    /// A simulated GPU.
+    Sim(Arc<SimDevice>),
+    /// A CUDA device through the driver API.
+    Cuda(Arc<CudaDevice>),
+}
+
 /// Synthetic stream handles of the simulated device, from [`Allocator::create_stream`].
 static NEXT_SIM_STREAM: AtomicU64 = AtomicU64::new(0x5157_0000_0000);
 
@@ -77,35 +86,39 @@ impl Allocator {
     /// As [`with_config`](Self::with_config), with the configuration already parsed.
     pub fn with_allocator_config(device: &str, config: AllocatorConfig, policy: &str) -> Result<Allocator, Error> {
         let spec = DeviceSpec::parse(device)?;
+        let unavailable = |source| Error::DeviceUnavailable {
+            spec: device.to_string(),
+            source,
+        };
+        let sim = |capacity: Option<u64>| {
+            OpenedDevice::Sim(Arc::new(match capacity {
+                Some(c) => SimDevice::with_capacity(c),
+                None => SimDevice::default(),
+            }))
+        };
+        let opened = match spec {
+            DeviceSpec::Sim { capacity } => sim(capacity),
+            DeviceSpec::Cuda(i) => OpenedDevice::Cuda(Arc::new(CudaDevice::new(i).map_err(unavailable)?)),
+            DeviceSpec::Auto if cudamem_cuda::is_available() => {
+                OpenedDevice::Cuda(Arc::new(CudaDevice::new(0).map_err(unavailable)?))
+            }
+            DeviceSpec::Auto => sim(None),
+        };
+        Self::on_device(opened, config, policy)
+    }
+
+    /// An allocator on a device the caller opened (for callers that choose devices by rules of
+    /// their own, such as the Python package's allocator per torch device ordinal). `policy` as
+    /// in [`with_config`](Self::with_config).
+    pub fn on_device(device: OpenedDevice, config: AllocatorConfig, policy: &str) -> Result<Allocator, Error> {
         let policy = if policy.trim().is_empty() {
             config.policy.clone().unwrap_or_else(|| DEFAULT_POLICY.to_string())
         } else {
             policy.trim().to_string()
         };
-        let unavailable = |source| Error::DeviceUnavailable {
-            spec: device.to_string(),
-            source,
-        };
-        let (dev, cuda, sim): (Arc<dyn Device>, _, _) = match spec {
-            DeviceSpec::Sim { capacity } => {
-                let s = Arc::new(match capacity {
-                    Some(c) => SimDevice::with_capacity(c),
-                    None => SimDevice::default(),
-                });
-                (s.clone(), None, Some(s))
-            }
-            DeviceSpec::Cuda(i) => {
-                let c = Arc::new(CudaDevice::new(i).map_err(unavailable)?);
-                (c.clone(), Some(c), None)
-            }
-            DeviceSpec::Auto if cudamem_cuda::is_available() => {
-                let c = Arc::new(CudaDevice::new(0).map_err(unavailable)?);
-                (c.clone(), Some(c), None)
-            }
-            DeviceSpec::Auto => {
-                let s = Arc::new(SimDevice::default());
-                (s.clone(), None, Some(s))
-            }
+        let (dev, cuda, sim): (Arc<dyn Device>, _, _) = match device {
+            OpenedDevice::Sim(s) => (s.clone(), None, Some(s)),
+            OpenedDevice::Cuda(c) => (c.clone(), Some(c), None),
         };
         let sharded = if config.sharded {
             Some(ShardedAllocator::new(dev.clone(), config.clone(), &policy)?)

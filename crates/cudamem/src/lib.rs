@@ -44,7 +44,7 @@
 //! a [`Buffer`] ([`copy_from_host`](Buffer::copy_from_host), [`fill`](Buffer::fill), …) are
 //! [`Error::Unsupported`] there. [`Allocator::with_config`] adds a `PYTORCH_CUDA_ALLOC_CONF`
 //! string and a policy name; [`Allocator::from_env`] reads both, and the device, from the
-//! environment.
+//! environment; [`Allocator::on_device`] takes a device the caller opened itself.
 //!
 //! ## Design
 //!
@@ -129,7 +129,7 @@ pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamI
 pub use cudamem_sharded::ShardedAllocator;
 pub use interop::CudaSliceRef;
 
-pub use allocator::Allocator;
+pub use allocator::{Allocator, OpenedDevice};
 pub use buffer::Buffer;
 pub use device_spec::DeviceSpec;
 pub use error::Error;
@@ -189,6 +189,27 @@ mod tests {
         // The size parser's own message, with the unit as written.
         let e = DeviceSpec::parse("sim:8XB").unwrap_err().to_string();
         assert!(e.contains("unknown size unit 'XB'"), "{e}");
+    }
+
+    #[test]
+    fn an_opened_device_is_the_one_served() {
+        use cudamem_device::sim::SimConfig;
+        use std::sync::Arc;
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            index: 3,
+            capacity: 64 << 20,
+            ..SimConfig::default()
+        }));
+        let cfg = AllocatorConfig::parse("policy:pytorch").unwrap();
+        let a = Allocator::on_device(OpenedDevice::Sim(sim.clone()), cfg.clone(), "").unwrap();
+        assert_eq!(a.device_index(), 3);
+        assert_eq!(a.policy_name(), "pytorch"); // an empty policy: the configuration's
+        let b = a.alloc(1 << 20, Stream::DEFAULT).unwrap();
+        assert_eq!(sim.counters().mallocs, 1, "the allocation reached the device given");
+        drop(b);
+        assert!(a.alloc(128 << 20, Stream::DEFAULT).unwrap_err().is_out_of_memory());
+        let e = Allocator::on_device(OpenedDevice::Sim(sim), cfg, "no-such-policy").unwrap_err();
+        assert!(e.to_string().contains("no-such-policy"), "{e}");
     }
 
     #[test]
