@@ -336,6 +336,7 @@ def _():
     print(f"  {len(frames)} frames, {len(cpp)} C++: {[f.get('name', '')[:60] for f in cpp[:4]]}")
     expect(py, f"no Python frame of the caller in {len(frames)} frames")
     expect(cpp, f"no C++ frame in {len(frames)} frames")
+    expect(any("::rand" in f.get("name", "") for f in cpp), "no C++ frame names the operator (at::native::rand)")
     del x
 
 
