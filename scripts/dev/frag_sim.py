@@ -5,7 +5,8 @@ address range per (pool, stream), whose pages are never unmapped: its peak reser
 highest address any block reached, rounded to 2 MiB pages. This script replays a PyTorch
 snapshot (`.pickle.gz`) through that model (it reproduces the engine's ratio on the shared
 traces), through variants of it (large blocks in a range of their own; short-lived blocks,
-known from the trace, in a range of their own or at the high end of holes), and through an
+known from the trace, in a range of their own or at the high end of holes; small requests in
+a hole of the large range before the small range grows), and through an
 offline placement that knows every block's lifetime (greedy dynamic storage allocation:
 largest first, each at the lowest offset free over its whole lifetime), and prints peak
 reserved / peak requested for each.
@@ -52,9 +53,14 @@ class Heap:
     def __init__(self, short_high=False):
         self.free, self.top, self.maxtop, self.short_high = [], 0, 0, short_high
 
-    def alloc(self, size, short=False):
+    def fits(self, size, hole_max=None):
+        """Whether a hole holds `size` bytes (no growth needed), among holes of at most
+        `hole_max` bytes if given."""
+        return any(z >= size and (hole_max is None or z <= hole_max) for _, z in self.free)
+
+    def alloc(self, size, short=False, hole_max=None):
         fr = self.free
-        fits = [i for i, (a, z) in enumerate(fr) if z >= size]
+        fits = [i for i, (a, z) in enumerate(fr) if z >= size and (hole_max is None or z <= hole_max)]
         if fits and short and self.short_high:
             i = max(fits, key=lambda i: fr[i][0])  # highest hole, its high end
             a, z = fr[i]
@@ -90,9 +96,12 @@ class Heap:
             fr.insert(i, (addr, size))
 
 
-def online(ev, split=None, short=None, short_high=False):
+def online(ev, split=None, short=None, short_high=False, small_fallback=False):
     """Peak reserved / peak requested of best fit; `split(size, lifetime)` sends a large block
-    to a range of its own when true; `short(size, lifetime)` marks it short-lived."""
+    to a range of its own when true; `short(size, lifetime)` marks it short-lived;
+    `small_fallback` serves a small request that would grow the small range from a hole of the
+    same stream's large range instead, when one fits (True: any hole; a number: holes of at
+    most that many bytes)."""
     heaps, blocks, live, peak = {}, {}, 0, 0
     for j, x in enumerate(ev):
         if x[0] == "a":
@@ -102,7 +111,13 @@ def online(ev, split=None, short=None, short_high=False):
             if split and key[0] == "l":
                 key += (split(size, life),)
             h = heaps.setdefault(key, Heap(short_high))
-            blocks[j] = (h, h.alloc(size, bool(short and short(size, life))), size, x[1])
+            hole_max = None
+            if small_fallback and key[0] == "s" and not h.fits(size):
+                big = heaps.get(("l", x[2]))
+                cap = None if small_fallback is True else small_fallback
+                if big is not None and big.fits(size, cap):
+                    h, hole_max = big, cap
+            blocks[j] = (h, h.alloc(size, bool(short and short(size, life)), hole_max), size, x[1])
             live += x[1]
             peak = max(peak, live)
         else:
@@ -145,6 +160,7 @@ EXPERIMENTS = [
     ("blocks >= 64 MiB in a range of their own", lambda ev: online(ev, split=lambda s, l: s >= 64 * MiB)),
     ("lifetime < 1000 ops in a range of their own", lambda ev: online(ev, split=lambda s, l: l < 1000)),
     ("lifetime < 30 ops at the high end of holes", lambda ev: online(ev, short=lambda s, l: l < 30, short_high=True)),
+    ("small requests in a large hole before growing", lambda ev: online(ev, small_fallback=True)),
     ("offline greedy placement (a plan)", offline),
 ]
 
