@@ -6,7 +6,8 @@ highest address any block reached, rounded to 2 MiB pages. This script replays a
 snapshot (`.pickle.gz`) through that model (it reproduces the engine's ratio on the shared
 traces), through variants of it (large blocks in a range of their own; short-lived blocks,
 known from the trace, in a range of their own or at the high end of holes; small requests in
-a hole of the large range before the small range grows), and through an
+a hole of the large range before the small range grows; large requests rounded up as
+PyTorch's `roundup_power2_divisions` does), and through an
 offline placement that knows every block's lifetime (greedy dynamic storage allocation:
 largest first, each at the lowest offset free over its whole lifetime), and prints peak
 reserved / peak requested for each.
@@ -96,16 +97,26 @@ class Heap:
             fr.insert(i, (addr, size))
 
 
-def online(ev, split=None, short=None, short_high=False, small_fallback=False):
+def round_power2(size, div):
+    """`size` rounded up to a multiple of 1/`div` of its power of two (large requests only)."""
+    if size <= MiB:
+        return size
+    step = max((1 << (size.bit_length() - 1)) // div, 512)
+    return (size + step - 1) // step * step
+
+
+def online(ev, split=None, short=None, short_high=False, small_fallback=False, round_div=None):
     """Peak reserved / peak requested of best fit; `split(size, lifetime)` sends a large block
     to a range of its own when true; `short(size, lifetime)` marks it short-lived;
     `small_fallback` serves a small request that would grow the small range from a hole of the
     same stream's large range instead, when one fits (True: any hole; a number: holes of at
-    most that many bytes)."""
+    most that many bytes); `round_div` rounds large requests with `round_power2`."""
     heaps, blocks, live, peak = {}, {}, 0, 0
     for j, x in enumerate(ev):
         if x[0] == "a":
             size = rnd(x[1])
+            if round_div:
+                size = round_power2(size, round_div)
             life = (x[3] if x[3] is not None else len(ev)) - j
             key = ("s" if size <= MiB else "l", x[2])
             if split and key[0] == "l":
@@ -161,6 +172,7 @@ EXPERIMENTS = [
     ("lifetime < 1000 ops in a range of their own", lambda ev: online(ev, split=lambda s, l: l < 1000)),
     ("lifetime < 30 ops at the high end of holes", lambda ev: online(ev, short=lambda s, l: l < 30, short_high=True)),
     ("small requests in a large hole before growing", lambda ev: online(ev, small_fallback=True)),
+    ("large requests rounded to 1/16 of a power of two", lambda ev: online(ev, round_div=16)),
     ("offline greedy placement (a plan)", offline),
 ]
 
