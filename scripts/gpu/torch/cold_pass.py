@@ -18,7 +18,8 @@ device allocations of each pass (memory_stats()["num_device_alloc"]: cudaMalloc 
 segment growths for cudamem, each of one or more mappings). Writes cold-pass.json and prints a
 table. With --slow-ops each operation is also timed on its own (both kinds pay the two clock
 reads): the cold pass's operations that took more than 20 µs, their count and total time, say
-whether the pass's cost lies in its device allocations or is spread over every operation.
+whether the pass's cost lies in its device allocations or is spread over every operation, and
+a histogram of every allocation's and free's time shows where.
 """
 
 import argparse
@@ -54,6 +55,8 @@ def load_ops(path):
 
 
 SLOW_NS = 20_000
+# With --slow-ops, every operation's time is also counted in these buckets (upper edges, ns).
+BUCKETS_NS = (1_000, 2_000, 5_000, 10_000, 20_000, float("inf"))
 
 
 def child(kind, trace, slow_ops):
@@ -72,6 +75,7 @@ def child(kind, trace, slow_ops):
         before = torch.cuda.memory_stats().get("num_device_alloc", 0)
         ptrs = {}
         slow = []
+        hist = {k: [[0, 0] for _ in BUCKETS_NS] for k in ("alloc", "free")}
         clock = time.perf_counter_ns
         t0 = clock()
         if slow_ops:
@@ -84,6 +88,9 @@ def child(kind, trace, slow_ops):
                 d = clock() - s0
                 if d > SLOW_NS:
                     slow.append((d, is_alloc, size))
+                cell = hist["alloc" if is_alloc else "free"][next(i for i, e in enumerate(BUCKETS_NS) if d <= e)]
+                cell[0] += 1
+                cell[1] += d
         else:
             for is_alloc, addr, size, stream in ops:
                 if is_alloc:
@@ -100,7 +107,8 @@ def child(kind, trace, slow_ops):
         if slow_ops:
             slow.sort(reverse=True)
             out[name]["slow_ops"] = {"count": len(slow), "total_ns": sum(d for d, _, _ in slow),
-                                     "largest": [{"ns": d, "alloc": a, "size": z} for d, a, z in slow[:8]]}
+                                     "largest": [{"ns": d, "alloc": a, "size": z} for d, a, z in slow[:8]],
+                                     "buckets_ns": list(BUCKETS_NS[:-1]) + ["inf"], "histogram": hist}
     print("RESULT " + json.dumps(out))
     return 0
 
@@ -168,6 +176,21 @@ def main():
                     cell.append(f"{statistics.median(x['count'] for x in v):.0f}, "
                                 f"{statistics.median(x['total_ns'] for x in v) / 1e6:.1f}")
             rows.append(f"| {r['trace']} | {' / '.join(cell)} |")
+        rows.append("")
+        edges = [f"≤ {e // 1000} µs" for e in BUCKETS_NS[:-1]] + ["more"]
+        rows.append("Each operation of the cold pass by its time (count, ms in all; the first process of each kind):")
+        rows.append("")
+        rows.append("| trace | allocator | op | " + " | ".join(edges) + " |")
+        rows.append("|---|---|---|" + "---|" * len(edges))
+        for r in results:
+            for k in ("native", "cudamem"):
+                v = [x for x in r["runs"][k] if "error" not in x]
+                if not v:
+                    continue
+                for op in ("alloc", "free"):
+                    h = v[0]["cold"]["slow_ops"]["histogram"][op]
+                    rows.append(f"| {r['trace']} | {k} | {op} | "
+                                + " | ".join(f"{c}, {t / 1e6:.1f}" for c, t in h) + " |")
     md = "\n".join(rows)
     print(md)
     out = Path(a.out)
