@@ -15,12 +15,11 @@
 //!      in the pool, the driver's own caching), each pair timed on its own, median.
 //! 2. **Throughput** over threads: T = 1, 2, 4, 8 threads share one allocator; each allocates
 //!    and frees on its own stream, mixed sizes (512 B to 16 MiB, up to four live at once), all
-//!    cache hits after a warm-up, for a fixed time (`--duration-ms`, default 500; 1000 until
-//!    2026-12-01). Reported: alloc+free pairs per second, all threads together, and the ratio
-//!    to one thread — once with the default allocator (one mutex per device, as in PyTorch),
+//!    cache hits after a warm-up, for a fixed time (`--duration-ms`, default 500). Reported:
+//!    alloc+free pairs per second, all threads together, and the ratio to one thread — once with the default allocator (one mutex per device, as in PyTorch),
 //!    once with `sharded:True` (one engine and mutex per group of streams,
 //!    `cudamem_sharded`), whose cache-hit pair latency is also shown. The 1, 2, 4, 8
-//!    sequence is measured `--rounds` times (default 5; once until 2026-12-01): pairs/s is the
+//!    sequence is measured `--rounds` times (default 5): pairs/s is the
 //!    median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
 //!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine
 //!    switches between two speeds about 1.5× apart within seconds, so one measurement of each
@@ -29,8 +28,8 @@
 //!    the latency of every size (cudamem, then the driver beside it, then `sharded:True`), then
 //!    the 1, 2, 4, 8 thread sequence of each throughput table. A latency cell is the median of
 //!    the rounds' medians, with their range, and the ratios to the driver are the median of each
-//!    round's own ratio (until 2026-12-01 the latency was measured once, in a window of about
-//!    2 ms, which caught whichever speed the machine had then). From round 2 on, both
+//!    round's own ratio (one measurement, in a window of a few milliseconds, would catch
+//!    whichever speed the machine had then). From round 2 on, both
 //!    allocators have seen the throughput threads' eight streams: the latency is that of an
 //!    allocator with other streams' blocks cached, as in an application with several streams.
 //!

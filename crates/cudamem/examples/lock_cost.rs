@@ -1,8 +1,8 @@
 //! What taking the engine's lock costs a cache-hit pair (512 B, simulated device, another
 //! allocation live so that the keep-alive never changes hands), one line per round:
 //! * `engine`: the lock taken once around all the pairs (the engine alone);
-//! * `std::sync::Mutex`: an engine behind `std::sync::Mutex`, locked per operation, as
-//!   `CachingAllocator` was until 2026-12-01 (given back with an atomic swap);
+//! * `std::sync::Mutex`: an engine behind `std::sync::Mutex`, locked per operation, the
+//!   lock `CachingAllocator` had before `EngineLock` (given back with an atomic swap);
 //! * `EngineLock`: `CachingAllocator::malloc` / `free`, locked per operation (given back with a
 //!   plain store; see `cudamem_alloc::lock`);
 //! * `api`: `Allocator::alloc` and dropping the buffer (the Rust API, `gpu_bench`'s pair path).

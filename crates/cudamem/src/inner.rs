@@ -54,8 +54,8 @@ pub(crate) struct Inner {
 /// In both cases a free must not touch `Inner` once its lock is given back: another thread's
 /// free may then give back the last count. So a buffer frees through [`Inner::free_raw`], which
 /// holds no reference to `Inner` past that point, and a sharded free that merges the shards'
-/// logs afterwards takes a count for it under the shard's lock (Miri found the sharded free
-/// reading the allocator after its lock on 2026-12-01; `keepalive_when_the_last_handle_races_the_frees`).
+/// logs afterwards takes a count for it under the shard's lock (without it, Miri finds the
+/// sharded free reading the allocator after its lock: `keepalive_when_the_last_handle_races_the_frees`).
 impl Inner {
     /// Shard has live buffers now: one more count of the allocator's `Arc`.
     pub(crate) fn hold(self: &Arc<Self>) {
