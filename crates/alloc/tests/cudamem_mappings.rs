@@ -1,7 +1,8 @@
 //! How the `cudamem` policy maps a growth: one device mapping while at least
 //! `WHOLE_GROWTH_HEADROOM` of the memory it may use stays unreserved after it (the device's, or
 //! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that; `cudamem-compact` maps
-//! page by page. Mappings are counted on the simulated device.
+//! page by page and `cudamem-compact16` in `MAP_CHUNK` pieces, whose reclaim unmaps only wholly free
+//! mappings. Mappings are counted on the simulated device.
 
 use cudamem_alloc::policy::{MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
 use cudamem_alloc::CachingAllocator;
@@ -66,4 +67,43 @@ fn the_memory_fraction_is_the_limit_the_headroom_is_measured_against() {
 fn cudamem_compact_maps_page_by_page_whatever_the_room() {
     let (sim, a) = setup("cudamem-compact", 8 << 30);
     assert_eq!(maps_of_one_growth(&sim, &a), (GROWTH / PAGE, GROWTH / PAGE));
+}
+
+#[test]
+fn cudamem_compact16_maps_in_chunks_whatever_the_room() {
+    let (sim, a) = setup("cudamem-compact16", 8 << 30);
+    assert_eq!(
+        maps_of_one_growth(&sim, &a),
+        (GROWTH.div_ceil(MAP_CHUNK), GROWTH / PAGE)
+    );
+}
+
+/// A growth that would pass the high-water mark first unmaps the wholly free mappings of holes,
+/// and only those: the live block's mapping stays.
+#[test]
+fn cudamem_compact16_reclaims_wholly_free_mappings_at_the_mark() {
+    for (policy, reserved) in [("cudamem-compact16", 108 * MIB), ("cudamem", 172 * MIB)] {
+        let (sim, a) = setup(policy, 8 << 30);
+        let s = StreamId(0);
+        let x = a.malloc(64 * MIB, s).unwrap(); // [0, 64): four 16 MiB mappings (compact16)
+        let y = a.malloc(8 * MIB, s).unwrap(); // [64, 72)
+        a.free(x).unwrap(); // a 64 MiB hole below a live block
+        let before = sim.counters();
+        let z = a.malloc(100 * MIB, s).unwrap(); // fits no hole: the range grows
+        let d = sim.counters();
+        a.check_invariants().unwrap();
+        assert_eq!(sim.used(), reserved, "{policy}");
+        assert_eq!(
+            d.pages_unmapped - before.pages_unmapped,
+            if policy == "cudamem" { 0 } else { 64 * MIB / PAGE },
+            "{policy}: the hole's pages, not the live block's"
+        );
+        assert_eq!(
+            a.lock().allocation_size(y),
+            Some(8 * MIB),
+            "{policy}: the live block is untouched"
+        );
+        a.free(y).unwrap();
+        a.free(z).unwrap();
+    }
 }

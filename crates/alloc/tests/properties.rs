@@ -49,6 +49,7 @@ const CONFIGS: &[(&str, &str)] = &[
     ("cudamem", ""),
     ("cudamem", "max_split_size_mb:24"),
     ("cudamem-compact", ""),
+    ("cudamem-compact16", ""),
 ];
 
 fn run(

@@ -6,7 +6,7 @@
 //! pages for the large pool, so a pool's mapped range ends up to 20 MiB past its last block and
 //! the retry path can only give back whole 20 MiB pages.
 //!
-//! Both policies keep PyTorch's rounding, pools, best fit and stream semantics, and change:
+//! The policies keep PyTorch's rounding, pools, best fit and stream semantics, and change:
 //! 1. **Every pool grows in pages of the device granularity (2 MiB on an H200)**: the mapped
 //!    range ends at most 2 MiB past the last block, and any wholly free 2 MiB page can go back.
 //! 2. **Split whenever at least 512 bytes remain** (as in expandable segments): blocks pack back
@@ -28,6 +28,13 @@
 //! price is driver calls: the holes of one iteration are reused by the next, so reclaimed pages
 //! are mapped again — measured on an H200 as microseconds per allocation (see the README). Use it
 //! when memory, not time, is what runs out.
+//!
+//! `cudamem-compact16` reclaims as `cudamem-compact` does, in the [`MAP_CHUNK`] mappings that
+//! `cudamem` maps near the limit: a reclaim gives back only mappings that are wholly free, so it
+//! keeps a little more than `cudamem-compact`, but it makes an eighth of the mappings, and where
+//! a loop's holes recur in the same places (training steps) its later iterations find the
+//! memory where they need it and reclaim nothing — no steady-state driver calls. Where the
+//! layout drifts between iterations (variable lengths, several streams) it still remaps.
 //!
 //! Invariants: those of the engine (see [`crate::block`]), plus: a reclaim never unmaps a byte of
 //! a block that is allocated or waiting for events (only free blocks are candidates, and only
@@ -60,19 +67,32 @@ pub const MAP_CHUNK: u64 = 16 << 20;
 /// (`cudamem fit`) the same smallest GPU as with [`MAP_CHUNK`] pieces alone.
 pub const WHOLE_GROWTH_HEADROOM: f64 = 0.9;
 
-/// The `cudamem` and `cudamem-compact` policies. See the [module documentation](self).
+/// Whether, and in what units, a `cudamem` policy reclaims free memory at the high-water mark.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reclaim {
+    /// Never (`cudamem`).
+    #[default]
+    Never,
+    /// Free pages, each its own mapping (`cudamem-compact`).
+    Pages,
+    /// Wholly free [`MAP_CHUNK`] mappings (`cudamem-compact16`).
+    Chunks,
+}
+
+/// The `cudamem`, `cudamem-compact` and `cudamem-compact16` policies. See the
+/// [module documentation](self).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CudamemPolicy {
-    /// Reclaim free pages at the high-water mark (`cudamem-compact`).
-    pub compact: bool,
+    /// Reclaim at the high-water mark, and in what units.
+    pub reclaim: Reclaim,
 }
 
 impl Policy for CudamemPolicy {
     fn name(&self) -> &str {
-        if self.compact {
-            "cudamem-compact"
-        } else {
-            "cudamem"
+        match self.reclaim {
+            Reclaim::Never => "cudamem",
+            Reclaim::Pages => "cudamem-compact",
+            Reclaim::Chunks => "cudamem-compact16",
         }
     }
     fn pools(&self) -> Vec<PoolSpec> {
@@ -98,14 +118,16 @@ impl Policy for CudamemPolicy {
         block.size - rounded >= super::pytorch::MIN_BLOCK_SIZE
     }
     fn reclaim_before_growth(&self) -> bool {
-        self.compact
+        self.reclaim != Reclaim::Never
     }
     fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
-        // cudamem-compact reclaims single pages, so it maps single pages.
-        (!self.compact).then_some(MAP_CHUNK)
+        // What a reclaim can unmap is a wholly free mapping: cudamem-compact maps single pages
+        // so that every free page can go.
+        (self.reclaim != Reclaim::Pages).then_some(MAP_CHUNK)
     }
     fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
-        (!self.compact).then_some(WHOLE_GROWTH_HEADROOM)
+        // A growth mapped whole could be reclaimed only whole: the compact policies cut it.
+        (self.reclaim == Reclaim::Never).then_some(WHOLE_GROWTH_HEADROOM)
     }
 
     fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {

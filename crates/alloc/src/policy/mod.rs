@@ -22,7 +22,7 @@ pub mod registry;
 
 use std::fmt;
 
-pub use cudamem::{CudamemPolicy, MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
+pub use cudamem::{CudamemPolicy, Reclaim, MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
 pub use pytorch::PytorchPolicy;
 pub use registry::{by_name, PolicyEntry, POLICY_NAMES, REGISTRY};
 

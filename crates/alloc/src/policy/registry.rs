@@ -14,7 +14,7 @@
 //! Invariants: names are unique (a unit test checks it), and a row's implied settings parse as
 //! `PYTORCH_CUDA_ALLOC_CONF` and are applied on top of the caller's configuration by [`by_name`].
 
-use super::{CudamemPolicy, Policy, PytorchPolicy};
+use super::{CudamemPolicy, Policy, PytorchPolicy, Reclaim};
 use crate::config::AllocatorConfig;
 
 /// The name of PyTorch's native policy under the configuration's own `expandable_segments`.
@@ -45,17 +45,36 @@ pub struct PolicyEntry {
 pub const REGISTRY: &[PolicyEntry] = &[
     PolicyEntry {
         name: DEFAULT,
-        make: || Box::new(CudamemPolicy { compact: false }),
+        make: || {
+            Box::new(CudamemPolicy {
+                reclaim: Reclaim::Never,
+            })
+        },
         implies: "",
         compare_rank: Some(2),
         doc: "PyTorch's rules on 2 MiB pages mapped in 16 MiB chunks (the default)",
     },
     PolicyEntry {
         name: "cudamem-compact",
-        make: || Box::new(CudamemPolicy { compact: true }),
+        make: || {
+            Box::new(CudamemPolicy {
+                reclaim: Reclaim::Pages,
+            })
+        },
         implies: "",
         compare_rank: None,
         doc: "cudamem plus reclaim of free pages at the high-water mark: less memory, more driver calls",
+    },
+    PolicyEntry {
+        name: "cudamem-compact16",
+        make: || {
+            Box::new(CudamemPolicy {
+                reclaim: Reclaim::Chunks,
+            })
+        },
+        implies: "",
+        compare_rank: None,
+        doc: "cudamem-compact in 16 MiB mappings: near its memory, no steady-state driver calls in training loops",
     },
     PolicyEntry {
         name: PYTORCH,
