@@ -1,8 +1,8 @@
 //! How the `cudamem` policy maps a growth: one device mapping while at least
 //! `WHOLE_GROWTH_HEADROOM` of the memory it may use stays unreserved after it (the device's, or
 //! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that; `cudamem-compact` maps
-//! page by page and `cudamem-compact16` in `MAP_CHUNK` pieces, whose reclaim unmaps only wholly free
-//! mappings. Mappings are counted on the simulated device.
+//! page by page and `cudamem-compact16` in `MAP_CHUNK` pieces, whose reclaim unmaps only wholly
+//! free mappings. Mappings are counted on the simulated device.
 
 use cudamem_alloc::policy::{MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
 use cudamem_alloc::CachingAllocator;

@@ -16,11 +16,11 @@
 //! 2. **Throughput** over threads: T = 1, 2, 4, 8 threads share one allocator; each allocates
 //!    and frees on its own stream, mixed sizes (512 B to 16 MiB, up to four live at once), all
 //!    cache hits after a warm-up, for a fixed time (`--duration-ms`, default 500). Reported:
-//!    alloc+free pairs per second, all threads together, and the ratio to one thread — once with the default allocator (one mutex per device, as in PyTorch),
-//!    once with `sharded:True` (one engine and mutex per group of streams,
-//!    `cudamem_sharded`), whose cache-hit pair latency is also shown. The 1, 2, 4, 8
-//!    sequence is measured `--rounds` times (default 5): pairs/s is the
-//!    median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
+//!    alloc+free pairs per second, all threads together, and the ratio to one thread — once
+//!    with the default allocator (one mutex per device, as in PyTorch), once with
+//!    `sharded:True` (one engine and mutex per group of streams, `cudamem_sharded`), whose
+//!    cache-hit pair latency is also shown. The 1, 2, 4, 8 sequence is measured `--rounds`
+//!    times (default 5): pairs/s is the median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
 //!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine
 //!    switches between two speeds about 1.5× apart within seconds, so one measurement of each
 //!    thread count compared two moments as much as two thread counts.
