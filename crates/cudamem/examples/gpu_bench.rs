@@ -20,8 +20,9 @@
 //!    with the default allocator (one mutex per device, as in PyTorch), once with
 //!    `sharded:True` (one engine and mutex per group of streams, `cudamem_sharded`), whose
 //!    cache-hit pair latency is also shown. The 1, 2, 4, 8 sequence is measured `--rounds`
-//!    times (default 5): pairs/s is the median of the rounds, the ratio to one thread the median of each round's ratio (8 threads
-//!    ÷ 1 thread of the same round, seconds apart), with the rounds' range. The GPU machine
+//!    times (default 5): pairs/s is the median of the rounds, the ratio to one thread the
+//!    median of each round's ratio (8 threads ÷ 1 thread of the same round, seconds apart),
+//!    with the rounds' range. The GPU machine
 //!    switches between two speeds about 1.5× apart within seconds, so one measurement of each
 //!    thread count compared two moments as much as two thread counts.
 //! 3. **Rounds.** Latency and throughput are measured in `--rounds` rounds: each round times
