@@ -166,13 +166,37 @@ def offline(ev):
     return total / peak
 
 
+def when_reached(ev):
+    """Where best fit's reserved memory reaches 99% of its final total, and where live bytes
+    first reach their peak, as fractions of the trace's operations."""
+    heaps, blocks, live, peak, growth, lives = {}, {}, 0, 0, [], []
+    for j, x in enumerate(ev):
+        if x[0] == "a":
+            size = rnd(x[1])
+            h = heaps.setdefault(("s" if size <= MiB else "l", x[2]), Heap())
+            top = h.maxtop
+            blocks[j] = (h, h.alloc(size), size, x[1])
+            live += x[1]
+            if h.maxtop > top:
+                growth.append((j, sum(g.maxtop for g in heaps.values())))
+            peak = max(peak, live)
+        else:
+            h, addr, size, req = blocks.pop(x[1])
+            h.release(addr, size)
+            live -= req
+        lives.append(live)
+    total = growth[-1][1]
+    reached = next(j for j, t in growth if t >= 0.99 * total)
+    return reached / len(ev), lives.index(peak) / len(ev)
+
+
 EXPERIMENTS = [
     ("best fit (the cudamem policy)", lambda ev: online(ev)),
     ("blocks >= 64 MiB in a range of their own", lambda ev: online(ev, split=lambda s, l: s >= 64 * MiB)),
     ("lifetime < 1000 ops in a range of their own", lambda ev: online(ev, split=lambda s, l: l < 1000)),
     ("lifetime < 30 ops at the high end of holes", lambda ev: online(ev, short=lambda s, l: l < 30, short_high=True)),
     ("small requests in a large hole before growing", lambda ev: online(ev, small_fallback=True)),
-    ("large requests rounded to 1/16 of a power of two", lambda ev: online(ev, round_div=16)),
+    ("large sizes rounded to 1/16 of a power of 2", lambda ev: online(ev, round_div=16)),
     ("offline greedy placement (a plan)", offline),
 ]
 
@@ -182,3 +206,5 @@ if __name__ == "__main__":
         print(path.rsplit("/", 1)[-1])
         for name, f in EXPERIMENTS:
             print(f"  {name:46} {f(ev):.4f}", flush=True)
+        reached, peak = when_reached(ev)
+        print(f"  best fit reaches 99% of its reserve at {reached:.2f} of the trace, live bytes peak at {peak:.2f}")
