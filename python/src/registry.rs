@@ -11,7 +11,8 @@
 //!   allocating on a new device at once create it once.
 //! * **The device** is `cudamem_cuda::CudaDevice::new(ordinal)`, or a simulated GPU when the
 //!   environment variable `CUDAMEM_DEVICE` is `sim` (an H200's capacity) or `sim:<size>`
-//!   (`sim:8GiB`, `sim:80GB`, `sim:1073741824`; any size `cudamem_alloc::size` parses). The variable is read when an allocator is
+//!   (`sim:8GiB`, `sim:80GB`, `sim:1073741824`: the Rust API's device strings, without an
+//!   ordinal), or `auto` without a CUDA device. The variable is read when an allocator is
 //!   created. The simulated device is what CI tests use; it needs no GPU.
 //! * **The configuration** is [`AllocatorConfig::from_env`] (`CUDAMEM_ALLOC_CONF`, else
 //!   `PYTORCH_CUDA_ALLOC_CONF`, ...) and the policy `CUDAMEM_POLICY` (default `cudamem`), unless
@@ -20,9 +21,8 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudamem::OpenedDevice;
+use cudamem::{DeviceSpec, OpenedDevice};
 use cudamem_alloc::engine::TraceObserver;
-use cudamem_alloc::size::parse_size;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::DeviceError;
@@ -299,28 +299,36 @@ pub enum DeviceKind {
     Sim(u64),
 }
 
-/// Reads `CUDAMEM_DEVICE`: unset, empty or `cuda` is CUDA; `sim` or `sim:<size>` simulated.
+/// Reads `CUDAMEM_DEVICE`: unset, empty or `cuda` is CUDA; `sim` or `sim:<size>` simulated; `auto`
+/// either, as a CUDA device is present or not.
 pub fn device_kind() -> Result<DeviceKind, RegistryError> {
     let v = std::env::var("CUDAMEM_DEVICE").unwrap_or_default();
     parse_device_kind(&v)
 }
 
-/// See [`device_kind`].
+/// See [`device_kind`]. The grammar is the Rust API's device strings ([`cudamem::DeviceSpec`])
+/// without an ordinal, which torch chooses: `auto` is `cuda` when a CUDA device is present, else
+/// `sim`.
 pub fn parse_device_kind(v: &str) -> Result<DeviceKind, RegistryError> {
     let v = v.trim();
     let bad = |why: &str| {
         RegistryError::BadSetting(format!(
-            "CUDAMEM_DEVICE={v:?}: {why} (expected 'cuda', 'sim' or 'sim:<size>' such as 'sim:8GiB')"
+            "CUDAMEM_DEVICE={v:?}: {why} (expected 'cuda', 'sim', 'sim:<size>' such as 'sim:8GiB', or 'auto')"
         ))
     };
-    match v.split_once(':') {
-        None if v.is_empty() || v.eq_ignore_ascii_case("cuda") => Ok(DeviceKind::Cuda),
-        None if v.eq_ignore_ascii_case("sim") => Ok(DeviceKind::Sim(H200_CAPACITY)),
-        Some((k, size)) if k.eq_ignore_ascii_case("sim") => match parse_size(size) {
-            Ok(n) => Ok(DeviceKind::Sim(n)),
-            Err(e) => Err(bad(&format!("bad capacity: {e}"))),
-        },
-        _ => Err(bad("unknown device kind")),
+    if v.is_empty() {
+        return Ok(DeviceKind::Cuda);
+    }
+    match cudamem::DeviceSpec::parse(v) {
+        Ok(DeviceSpec::Sim { capacity }) => Ok(DeviceKind::Sim(capacity.unwrap_or(H200_CAPACITY))),
+        Ok(DeviceSpec::Cuda(_)) if v.contains(':') => Err(bad(
+            "an ordinal is torch's to choose (the current device); name the kind only",
+        )),
+        Ok(DeviceSpec::Cuda(_)) => Ok(DeviceKind::Cuda),
+        Ok(DeviceSpec::Auto) if cudamem_cuda::is_available() => Ok(DeviceKind::Cuda),
+        Ok(DeviceSpec::Auto) => Ok(DeviceKind::Sim(H200_CAPACITY)),
+        Err(cudamem::Error::BadDevice { reason, .. }) => Err(bad(&reason)),
+        Err(e) => Err(bad(&e.to_string())),
     }
 }
 

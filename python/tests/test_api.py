@@ -270,6 +270,16 @@ def test_bad_settings_from_the_environment(run_python):
     assert "ValueError: CUDAMEM_POLICY" in r.stdout, r.stdout + r.stderr
     r = run_python(code, CUDAMEM_DEVICE="tpu")
     assert "ValueError: CUDAMEM_DEVICE" in r.stdout, r.stdout + r.stderr
+    # The ordinal is torch's (the current device): naming one is refused, with the reason.
+    r = run_python(code, CUDAMEM_DEVICE="cuda:1")
+    assert "ValueError: CUDAMEM_DEVICE" in r.stdout and "ordinal" in r.stdout, r.stdout + r.stderr
+
+
+def test_auto_device_takes_what_the_machine_has(run_python):
+    # The Rust API's `auto`: a CUDA device when one is present, else the simulated H200.
+    code = "import cudamem\np = cudamem.malloc(16)\ncudamem.free(p)\nprint('ok')\n"
+    r = run_python(code, CUDAMEM_DEVICE="auto")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
 def test_simulated_capacity_takes_every_size_the_cli_takes(run_python):
