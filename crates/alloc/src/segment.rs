@@ -59,16 +59,17 @@ impl Segment {
     }
 
     /// Maps `[ptr, ptr+size)` rounded out to whole pages, all of it unmapped so far — PyTorch's
-    /// `ExpandableSegment::map` — in mappings of at most `map_chunk` bytes, or, with `whole`, in
-    /// one mapping (in chunks after all if the device refuses that one for lack of memory).
-    /// Returns the mapped range, or `Ok(None)` when the device ran out of memory (nothing stays
-    /// mapped by this call then).
+    /// `ExpandableSegment::map` — in mappings of at most `first` bytes (`u64::MAX`: one
+    /// mapping) when that is more than `map_chunk`, else of at most `map_chunk` bytes (and in
+    /// those after all if the device refuses the larger ones for lack of memory). Returns the
+    /// mapped range, or `Ok(None)` when the device ran out of memory (nothing stays mapped by
+    /// this call then).
     pub fn map(
         &mut self,
         dev: &dyn Device,
         ptr: u64,
         size: u64,
-        whole: bool,
+        first: u64,
     ) -> Result<Option<(u64, u64)>, DeviceError> {
         let base = self.base;
         let Backing::Expandable {
@@ -83,8 +84,8 @@ impl Segment {
         debug_assert_eq!((ptr - base) % ps, 0, "map start must be page aligned");
         let end = base + (ptr + size - base).div_ceil(ps) * ps;
         let chunk = (*map_chunk).max(ps);
-        if whole && end - ptr > chunk {
-            if let Some(r) = map_run(dev, mappings, ptr, end, end - ptr)? {
+        if first > chunk && end - ptr > chunk {
+            if let Some(r) = map_run(dev, mappings, ptr, end, first.min(end - ptr))? {
                 return Ok(Some(r));
             } // refused for lack of memory: smaller mappings may still fit
         }

@@ -1,10 +1,11 @@
 //! How the `cudamem` policy maps a growth: one device mapping while at least
 //! `WHOLE_GROWTH_HEADROOM` of the memory it may use stays unreserved after it (the device's, or
-//! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that; `cudamem-compact` maps
+//! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that, and a growth of at least
+//! `LARGE_GROWTH` while memory is plentiful in `RECLAIM_CHUNK` pieces, after reclaiming holes; `cudamem-compact` maps
 //! page by page and `cudamem-compact16` in `MAP_CHUNK` pieces, whose reclaim unmaps only wholly
 //! free mappings. Mappings are counted on the simulated device.
 
-use cudamem_alloc::policy::{MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
+use cudamem_alloc::policy::{LARGE_GROWTH, MAP_CHUNK, PAGE, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM};
 use cudamem_alloc::CachingAllocator;
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
@@ -106,4 +107,54 @@ fn cudamem_compact16_reclaims_wholly_free_mappings_at_the_mark() {
         a.free(y).unwrap();
         a.free(z).unwrap();
     }
+}
+
+/// While memory is plentiful, a growth of at least `LARGE_GROWTH` is mapped in `RECLAIM_CHUNK`
+/// pieces, and one that would pass the high-water mark first unmaps the wholly free mappings of
+/// holes; near the limit (a memory fraction) it does not reclaim, and leaves that to the
+/// out-of-memory retry.
+#[test]
+fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
+    let s = StreamId(0);
+    let (sim, a) = setup("cudamem", 64 << 30);
+    let before = sim.counters();
+    let x = a.malloc(LARGE_GROWTH, s).unwrap(); // [0, 512 MiB)
+    let d = sim.counters();
+    assert_eq!(
+        d.maps - before.maps,
+        LARGE_GROWTH / RECLAIM_CHUNK,
+        "a large growth in pieces"
+    );
+    let y = a.malloc(8 * MIB, s).unwrap(); // one mapping above it
+    a.free(x).unwrap(); // a 512 MiB hole below a live block
+    let before = sim.counters();
+    let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap(); // fits no hole: a large growth
+    let d = sim.counters();
+    a.check_invariants().unwrap();
+    assert_eq!(
+        d.pages_unmapped - before.pages_unmapped,
+        LARGE_GROWTH / PAGE,
+        "the hole moved"
+    );
+    assert_eq!(sim.used(), 8 * MIB + LARGE_GROWTH + 64 * MIB);
+    a.free(y).unwrap();
+    a.free(z).unwrap();
+
+    // The same with a memory fraction that leaves less than the headroom: no reclaim.
+    let (sim, a) = setup("cudamem", 64 << 30);
+    a.set_memory_fraction(0.05).unwrap(); // 3.2 GiB
+    let x = a.malloc(LARGE_GROWTH, s).unwrap();
+    let y = a.malloc(8 * MIB, s).unwrap();
+    a.free(x).unwrap();
+    let before = sim.counters();
+    let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(
+        sim.counters().pages_unmapped,
+        before.pages_unmapped,
+        "no reclaim near the limit"
+    );
+    assert_eq!(sim.used(), 2 * LARGE_GROWTH + 8 * MIB + 64 * MIB);
+    a.free(y).unwrap();
+    a.free(z).unwrap();
 }

@@ -167,8 +167,11 @@ impl Policy for Outside {
     fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool {
         self.0.should_split(cfg, block, rounded, small_pool)
     }
-    fn reclaim_before_growth(&self) -> bool {
-        self.0.reclaim_before_growth()
+    fn reclaim_before_growth(&self, need: u64, plentiful: bool) -> bool {
+        self.0.reclaim_before_growth(need, plentiful)
+    }
+    fn reclaim_chunk(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
+        self.0.reclaim_chunk(cfg, pool)
     }
     fn map_chunk(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
         self.0.map_chunk(cfg, pool)

@@ -20,6 +20,11 @@ use crate::{
 };
 
 impl Device for CudaDevice {
+    fn handed_out(&self) -> Option<u64> {
+        let segments: u64 = lock(&self.segments).values().sum();
+        let mapped: u64 = lock(&self.vmm).mappings.values().map(|m| m.size).sum();
+        Some(segments + mapped)
+    }
     fn index(&self) -> i32 {
         self.ordinal
     }

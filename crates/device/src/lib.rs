@@ -167,6 +167,14 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// Counters of the calls made so far.
     fn counters(&self) -> DeviceCounters;
 
+    /// Bytes this device object has handed out and not taken back (segments and mapped
+    /// pages), from its own records, with no driver call; `None` if it keeps no such count.
+    /// Allocators sharing one device (the shards of `sharded:True`) read the device-wide total
+    /// here.
+    fn handed_out(&self) -> Option<u64> {
+        None
+    }
+
     /// Copies `dst.len()` bytes of device memory at `ptr` into `dst` (`cuMemcpyDtoH`,
     /// synchronous). The range must lie in memory this device handed out and that is backed now
     /// (a segment, or mapped pages); anything else is [`DeviceError::InvalidArgument`]. A device

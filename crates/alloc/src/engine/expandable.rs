@@ -61,21 +61,43 @@ impl<S: StatSink> Engine<S> {
         Ok(id)
     }
 
-    /// Whether a growth of `pool` by `size` bytes is one device mapping: the policy's
+    /// Whether memory is plentiful for a growth of `pool` by `size` bytes: the policy's
     /// `whole_growth_headroom` share of the memory this allocator may use (the memory
-    /// fraction's limit, else the device's) stays unreserved after it. From the engine's own
-    /// count, not the driver's: no device query on the allocation path (nor during a capture).
-    /// A shard of `sharded:True` counts its own reservations only; a whole mapping the device
-    /// refuses falls back to pieces (`Segment::map`).
-    fn growth_maps_whole(&self, pool: PoolId, size: u64) -> bool {
+    /// fraction's limit, else the device's) stays unreserved after it (never, without a
+    /// share). Against the memory fraction's limit, this allocator's own count; against the
+    /// device's, what the device object handed out by its own records (else the engine's
+    /// count): no driver query on the allocation path (nor during a capture), and device-wide,
+    /// so that the shards of `sharded:True` decide as one engine would.
+    pub(super) fn plentiful(&self, pool: PoolId, size: u64) -> bool {
         let Some(share) = self.policy.get().whole_growth_headroom(&self.config, pool) else {
             return false;
         };
-        let limit = self
-            .allowed_memory_maximum
-            .unwrap_or_else(|| self.device.total_memory());
-        let left = limit.saturating_sub(self.total_allocated_memory.saturating_add(size));
+        // The memory fraction limits this allocator's own memory; the device's, everyone's.
+        let (limit, reserved) = match self.allowed_memory_maximum {
+            Some(max) => (max, self.total_allocated_memory),
+            None => (
+                self.device.total_memory(),
+                self.device.handed_out().unwrap_or(self.total_allocated_memory),
+            ),
+        };
+        let left = limit.saturating_sub(reserved.saturating_add(size));
         left as f64 >= share * limit as f64
+    }
+
+    /// The largest mapping a growth of `pool` by `size` bytes tries first (`u64::MAX`: one;
+    /// 0: the pool's `map_chunk`). While memory is plentiful a growth is one mapping, except
+    /// one the policy reclaims for: a reclaim unmaps only wholly free mappings, so its holes
+    /// must be pieces (of the policy's `reclaim_chunk`). A whole mapping the device refuses
+    /// falls back to pieces (`Segment::map`).
+    fn growth_mapping_size(&self, pool: PoolId, size: u64) -> u64 {
+        if !self.plentiful(pool, size) {
+            return 0;
+        }
+        let policy = self.policy.get();
+        if policy.reclaim_before_growth(size, true) {
+            return policy.reclaim_chunk(&self.config, pool).unwrap_or(0);
+        }
+        u64::MAX
     }
 
     /// Maps the first `size` bytes of the unmapped block `to_map` (PyTorch `map_block`).
@@ -86,8 +108,8 @@ impl<S: StatSink> Engine<S> {
             debug_assert!(!b.mapped && size <= b.size);
             (b.segment, b.addr, b.size, b.stream, b.pool)
         };
-        let whole = self.growth_maps_whole(pool, size);
-        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size, whole)? else {
+        let first = self.growth_mapping_size(pool, size);
+        let Some((mptr, msize)) = self.segments[seg].map(&*self.device, addr, size, first)? else {
             return Ok(false);
         };
         debug_assert!(mptr == addr && msize >= size);

@@ -67,8 +67,9 @@ impl<S: StatSink> Engine<S> {
             true => self.tag_page_size(req.pool),
         };
         if let Some(page_size) = page_size {
-            if self.policy.get().reclaim_before_growth() {
-                let need = req.size.div_ceil(page_size) * page_size;
+            let need = req.size.div_ceil(page_size) * page_size;
+            let plentiful = self.plentiful(req.pool, need);
+            if self.policy.get().reclaim_before_growth(need, plentiful) {
                 self.reclaim_free_pages(req.pool, need)?;
             }
             return self.try_allocate_expandable_block(req, page_size);

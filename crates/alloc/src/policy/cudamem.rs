@@ -16,9 +16,14 @@
 //!    2 MiB pages that frees far more than 20 MiB pages do, so a job fits a smaller GPU.
 //!
 //! `cudamem` (the default) maps a growth as one allocation while memory is plentiful
-//! ([`WHOLE_GROWTH_HEADROOM`]) and in allocations of up to 16 MiB ([`MAP_CHUNK`]) near the limit,
-//! and stops there: after warm-up it maps and unmaps nothing, so a training loop pays no
-//! steady-state cost.
+//! ([`WHOLE_GROWTH_HEADROOM`]) and in allocations of up to 16 MiB ([`MAP_CHUNK`]) near the limit.
+//! While memory is plentiful, a growth of at least [`LARGE_GROWTH`] is mapped in
+//! [`RECLAIM_CHUNK`] pieces, and if it would take the reserved total past the most this
+//! allocator ever held, the wholly free mappings inside holes are unmapped first, as
+//! `cudamem-compact16` does for every growth: the few large
+//! temporaries that make a training step's holes (a language model's logits) move their
+//! memory once, in the first step, and later steps find it where they need it. After warm-up
+//! it maps and unmaps nothing, so a training loop pays no steady-state cost.
 //!
 //! `cudamem-compact` adds **reclaim at the high-water mark**: before mapping new pages, if the
 //! growth would take the reserved total above the most this allocator ever held, the whole free
@@ -67,12 +72,28 @@ pub const MAP_CHUNK: u64 = 16 << 20;
 /// (`cudamem fit`) the same smallest GPU as with [`MAP_CHUNK`] pieces alone.
 pub const WHOLE_GROWTH_HEADROOM: f64 = 0.9;
 
-/// Whether, and in what units, a `cudamem` policy reclaims free memory at the high-water mark.
+/// `cudamem` reclaims free mappings at the high-water mark before a growth of at least this
+/// many bytes while memory is plentiful, and maps such a growth in [`RECLAIM_CHUNK`] pieces. A large growth is the one whose
+/// excess a reclaim removes at a price of a few driver calls per hundreds of MiB, once, in the
+/// first iteration of a loop; smaller growths recur where a layout drifts (variable lengths),
+/// and reclaiming for them remaps in every iteration. The rule: the smallest power of two at
+/// which no shared or recorded trace's warm pass makes a driver call.
+pub const LARGE_GROWTH: u64 = 512 << 20;
+
+/// `cudamem` maps a [`LARGE_GROWTH`] in mappings of this many bytes while memory is plentiful
+/// (in [`MAP_CHUNK`] pieces near the limit). Larger pieces make fewer driver calls but leave
+/// less that a reclaim can unmap. The rule: the largest power of two with which gpt2_train,
+/// the shared trace whose excess the reclaim removes, stays within 3% of its peak requested.
+pub const RECLAIM_CHUNK: u64 = 64 << 20;
+
+/// Whether, and for which growths, a `cudamem` policy reclaims free memory at the high-water
+/// mark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Reclaim {
-    /// Never (`cudamem`).
+    /// Before growths of at least [`LARGE_GROWTH`] while memory is plentiful, in
+    /// [`RECLAIM_CHUNK`] mappings (`cudamem`).
     #[default]
-    Never,
+    LargeGrowths,
     /// Free pages, each its own mapping (`cudamem-compact`).
     Pages,
     /// Wholly free [`MAP_CHUNK`] mappings (`cudamem-compact16`).
@@ -90,7 +111,7 @@ pub struct CudamemPolicy {
 impl Policy for CudamemPolicy {
     fn name(&self) -> &str {
         match self.reclaim {
-            Reclaim::Never => "cudamem",
+            Reclaim::LargeGrowths => "cudamem",
             Reclaim::Pages => "cudamem-compact",
             Reclaim::Chunks => "cudamem-compact16",
         }
@@ -117,17 +138,24 @@ impl Policy for CudamemPolicy {
     fn should_split(&self, _cfg: &AllocatorConfig, block: &Block, rounded: u64, _small: bool) -> bool {
         block.size - rounded >= super::pytorch::MIN_BLOCK_SIZE
     }
-    fn reclaim_before_growth(&self) -> bool {
-        self.reclaim != Reclaim::Never
+    fn reclaim_before_growth(&self, need: u64, plentiful: bool) -> bool {
+        match self.reclaim {
+            // Near the limit the out-of-memory retry gives memory back instead.
+            Reclaim::LargeGrowths => plentiful && need >= LARGE_GROWTH,
+            Reclaim::Pages | Reclaim::Chunks => true,
+        }
     }
     fn map_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
         // What a reclaim can unmap is a wholly free mapping: cudamem-compact maps single pages
         // so that every free page can go.
         (self.reclaim != Reclaim::Pages).then_some(MAP_CHUNK)
     }
+    fn reclaim_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
+        (self.reclaim == Reclaim::LargeGrowths).then_some(RECLAIM_CHUNK)
+    }
     fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
         // A growth mapped whole could be reclaimed only whole: the compact policies cut it.
-        (self.reclaim == Reclaim::Never).then_some(WHOLE_GROWTH_HEADROOM)
+        (self.reclaim == Reclaim::LargeGrowths).then_some(WHOLE_GROWTH_HEADROOM)
     }
 
     fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {

@@ -22,7 +22,7 @@ pub mod registry;
 
 use std::fmt;
 
-pub use cudamem::{CudamemPolicy, Reclaim, MAP_CHUNK, PAGE, WHOLE_GROWTH_HEADROOM};
+pub use cudamem::{CudamemPolicy, Reclaim, LARGE_GROWTH, MAP_CHUNK, PAGE, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM};
 pub use pytorch::PytorchPolicy;
 pub use registry::{by_name, PolicyEntry, POLICY_NAMES, REGISTRY};
 
@@ -62,11 +62,21 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn accepts_cached(&self, cfg: &AllocatorConfig, rounded: u64, candidate: u64) -> bool;
     /// Whether to split `block` when it serves `rounded` bytes, returning the rest to the pool.
     fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool;
-    /// Whether, before mapping new pages, the engine unmaps the whole free pages that lie in
-    /// holes of the pool's expandable segments, so that growth reuses physical memory instead of
-    /// adding to it.
-    fn reclaim_before_growth(&self) -> bool {
+    /// Whether, before mapping `need` new bytes that would take the reserved total past the
+    /// most it ever was, the engine unmaps the wholly free mappings that lie in holes of the
+    /// pool's expandable segments, so that growth reuses physical memory instead of adding to
+    /// it. `plentiful`: the [`Policy::whole_growth_headroom`] share of memory stays unreserved
+    /// after the growth. A growth this returns true for is mapped in pieces, never as one
+    /// mapping, so that what it leaves free can be reclaimed in turn.
+    fn reclaim_before_growth(&self, _need: u64, _plentiful: bool) -> bool {
         false
+    }
+    /// The most bytes one mapping of a growth that [`Policy::reclaim_before_growth`] is true for
+    /// may hold while memory is plentiful (see [`Policy::whole_growth_headroom`]); `None`: the
+    /// pool's [`Policy::map_chunk`]. Larger pieces make fewer driver calls, smaller ones leave
+    /// more to reclaim.
+    fn reclaim_chunk(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<u64> {
+        None
     }
     /// For an expandable pool, the most bytes one device mapping may hold when the pool grows:
     /// `None` maps one page per mapping, as PyTorch does. Larger mappings cost fewer driver calls

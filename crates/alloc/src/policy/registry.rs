@@ -47,7 +47,7 @@ pub const REGISTRY: &[PolicyEntry] = &[
         name: DEFAULT,
         make: || {
             Box::new(CudamemPolicy {
-                reclaim: Reclaim::Never,
+                reclaim: Reclaim::LargeGrowths,
             })
         },
         implies: "",

@@ -12,6 +12,9 @@ use super::{EventMode, SimDevice};
 use crate::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
 
 impl Device for SimDevice {
+    fn handed_out(&self) -> Option<u64> {
+        Some(self.used())
+    }
     fn index(&self) -> i32 {
         self.config.index
     }
