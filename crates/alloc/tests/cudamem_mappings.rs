@@ -158,3 +158,26 @@ fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
     a.free(y).unwrap();
     a.free(z).unwrap();
 }
+
+/// While a private pool is being allocated to (a CUDA-graph capture), a large growth of the
+/// default pools reclaims nothing: an unmap waits for its stream, which a capture forbids.
+#[test]
+fn no_reclaim_while_a_private_pool_is_allocated_to() {
+    use cudamem_alloc::engine::MempoolId;
+    let s = StreamId(0);
+    let (sim, a) = setup("cudamem", 64 << 30);
+    let x = a.malloc(LARGE_GROWTH, s).unwrap();
+    let y = a.malloc(8 * MIB, s).unwrap();
+    a.free(x).unwrap();
+    let pool: MempoolId = (1, 7);
+    let mut e = a.lock();
+    e.begin_allocate_to_pool(pool).unwrap();
+    let before = sim.counters();
+    let z = e.malloc(LARGE_GROWTH + 64 * MIB, StreamId(3)).unwrap(); // not the pool's stream
+    assert_eq!(sim.counters().pages_unmapped, before.pages_unmapped, "nothing unmapped");
+    e.end_allocate_to_pool(pool).unwrap();
+    e.free(z).unwrap();
+    drop(e);
+    a.free(y).unwrap();
+    a.check_invariants().unwrap();
+}

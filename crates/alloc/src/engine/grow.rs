@@ -69,7 +69,9 @@ impl<S: StatSink> Engine<S> {
         if let Some(page_size) = page_size {
             let need = req.size.div_ceil(page_size) * page_size;
             let plentiful = self.plentiful(req.pool, need);
-            if self.policy.get().reclaim_before_growth(need, plentiful) {
+            // Never while a private pool is being allocated to (a CUDA-graph capture): an unmap
+            // waits for its stream, which a capture forbids.
+            if self.private.active == 0 && self.policy.get().reclaim_before_growth(need, plentiful) {
                 self.reclaim_free_pages(req.pool, need)?;
             }
             return self.try_allocate_expandable_block(req, page_size);

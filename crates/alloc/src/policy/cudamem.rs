@@ -43,7 +43,8 @@
 //!
 //! Invariants: those of the engine (see [`crate::block`]), plus: a reclaim never unmaps a byte of
 //! a block that is allocated or waiting for events (only free blocks are candidates, and only
-//! their whole pages).
+//! their whole pages), and none happens while a private pool is being allocated to (a CUDA-graph
+//! capture: an unmap waits for its stream).
 
 use super::pytorch::PytorchPolicy;
 use super::{Policy, PoolSpec};
