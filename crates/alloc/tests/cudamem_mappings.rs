@@ -109,6 +109,15 @@ fn cudamem_compact16_reclaims_wholly_free_mappings_at_the_mark() {
     }
 }
 
+/// A `LARGE_GROWTH` hole below a live 8 MiB block on stream 0, whose address is returned; the
+/// next growth past the hole would pass the high-water mark.
+fn large_hole_below_a_live_block(a: &CachingAllocator) -> u64 {
+    let x = a.malloc(LARGE_GROWTH, StreamId(0)).unwrap(); // [0, 512 MiB)
+    let y = a.malloc(8 * MIB, StreamId(0)).unwrap(); // one mapping above it
+    a.free(x).unwrap();
+    y
+}
+
 /// While memory is plentiful, a growth of at least `LARGE_GROWTH` is mapped in `RECLAIM_CHUNK`
 /// pieces, and one that would pass the high-water mark first unmaps the wholly free mappings of
 /// holes; near the limit (a memory fraction) it does not reclaim, and leaves that to the
@@ -118,15 +127,13 @@ fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
     let s = StreamId(0);
     let (sim, a) = setup("cudamem", 64 << 30);
     let before = sim.counters();
-    let x = a.malloc(LARGE_GROWTH, s).unwrap(); // [0, 512 MiB)
+    let y = large_hole_below_a_live_block(&a);
     let d = sim.counters();
     assert_eq!(
         d.maps - before.maps,
-        LARGE_GROWTH / RECLAIM_CHUNK,
-        "a large growth in pieces"
+        LARGE_GROWTH / RECLAIM_CHUNK + 1,
+        "a large growth in pieces, a small one whole"
     );
-    let y = a.malloc(8 * MIB, s).unwrap(); // one mapping above it
-    a.free(x).unwrap(); // a 512 MiB hole below a live block
     let before = sim.counters();
     let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap(); // fits no hole: a large growth
     let d = sim.counters();
@@ -143,9 +150,7 @@ fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
     // The same with a memory fraction that leaves less than the headroom: no reclaim.
     let (sim, a) = setup("cudamem", 64 << 30);
     a.set_memory_fraction(0.05).unwrap(); // 3.2 GiB
-    let x = a.malloc(LARGE_GROWTH, s).unwrap();
-    let y = a.malloc(8 * MIB, s).unwrap();
-    a.free(x).unwrap();
+    let y = large_hole_below_a_live_block(&a);
     let before = sim.counters();
     let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap();
     a.check_invariants().unwrap();
@@ -164,11 +169,8 @@ fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
 #[test]
 fn no_reclaim_while_a_private_pool_is_allocated_to() {
     use cudamem_alloc::engine::MempoolId;
-    let s = StreamId(0);
     let (sim, a) = setup("cudamem", 64 << 30);
-    let x = a.malloc(LARGE_GROWTH, s).unwrap();
-    let y = a.malloc(8 * MIB, s).unwrap();
-    a.free(x).unwrap();
+    let y = large_hole_below_a_live_block(&a);
     let pool: MempoolId = (1, 7);
     let mut e = a.lock();
     e.begin_allocate_to_pool(pool).unwrap();
