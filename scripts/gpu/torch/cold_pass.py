@@ -23,6 +23,7 @@ a histogram of every allocation's and free's time shows where.
 """
 
 import argparse
+import bisect
 import gzip
 import json
 import os
@@ -88,7 +89,7 @@ def child(kind, trace, slow_ops):
                 d = clock() - s0
                 if d > SLOW_NS:
                     slow.append((d, is_alloc, size))
-                cell = hist["alloc" if is_alloc else "free"][next(i for i, e in enumerate(BUCKETS_NS) if d <= e)]
+                cell = hist["alloc" if is_alloc else "free"][bisect.bisect_left(BUCKETS_NS, d)]
                 cell[0] += 1
                 cell[1] += d
         else:

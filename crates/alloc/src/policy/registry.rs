@@ -52,7 +52,7 @@ pub const REGISTRY: &[PolicyEntry] = &[
         },
         implies: "",
         compare_rank: Some(2),
-        doc: "PyTorch's rules on 2 MiB pages mapped in 16 MiB chunks (the default)",
+        doc: "PyTorch's rules on 2 MiB pages, free memory moved to large growths, no steady-state driver calls (the default)",
     },
     PolicyEntry {
         name: "cudamem-compact",
