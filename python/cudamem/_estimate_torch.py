@@ -21,9 +21,12 @@ Design. Two modes wrap the recorded code:
   (handle, stream), and the first of all also the stream's cuBLASLt workspace (as recorded
   traces of torch on an H200 show: 32 MiB, 1 MiB, then 32 MiB in backward).
 
-Foreach optimizer kernels are enabled for meta tensors, since on CUDA optimizers take them and
-their temporaries differ from the per-tensor loop. What only real kernels allocate is listed
-in the estimate's ``left_out`` (cuDNN workspaces, kernel-internal scratch buffers, NCCL).
+A 2-D half-precision convolution (``convolution``, ``convolution_backward``) also allocates
+cuDNN's workspace per pass and, under ``cudnn.benchmark``, at a pass's first call the trial
+workspace and a cache release (:mod:`cudamem._cudnn_model`). Foreach optimizer kernels are
+enabled for meta tensors, since on CUDA optimizers take them and their temporaries differ from
+the per-tensor loop. What only real kernels allocate and no rule models is listed in the
+estimate's ``left_out`` (other cuDNN workspaces, kernel-internal scratch buffers, NCCL).
 Every patch is undone on exit, also when the code raises.
 """
 
@@ -40,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from . import _cudnn_model
 from .estimate import TraceBuilder, _estimate_from, cublas_workspace_bytes, cublaslt_workspace_bytes
 
 META = torch.device("meta")
@@ -50,6 +54,8 @@ _CUBLAS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdo
            "addmm_", "baddbmm_", "_addmm_activation", "matmul", "linear", "einsum", "bilinear", "tensordot"}
 _CUDNN = {"convolution", "cudnn_convolution", "convolution_backward", "cudnn_batch_norm",
           "_cudnn_rnn", "cudnn_convolution_transpose"}
+# Convolution ops whose cuDNN workspaces the recorder models (cudamem._cudnn_model).
+_CONV = {"convolution", "convolution_backward"}
 _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",
             "index_put", "_index_put_impl_", "scatter_reduce", "_embedding_bag", "multinomial", "kthvalue",
             "median", "nll_loss_forward", "_fused_adam", "_fused_adamw",
@@ -207,15 +213,16 @@ class _Track(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if name in _CUBLAS:
             rec._workspace()
-        elif name in _CUDNN:
-            rec.left_out.setdefault("cudnn", "cuDNN workspaces of convolutions and batch norms "
-                                    "(and the trial workspaces of cudnn.benchmark)")
+        elif name in _CUDNN and name not in _CONV:
+            rec.left_out.setdefault("cudnn:" + name, f"cuDNN workspaces of {name}")
         elif name in _SCRATCH:
             rec.left_out.setdefault("scratch:" + name, f"scratch memory inside {name} kernels")
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
                 rec._track(t, name)
+        if name in _CONV:
+            rec._convolution(name, args, out)
         return out
 
 
@@ -231,6 +238,8 @@ class Recorder:
         self.autocast: List[_Autocast] = []
         self.cast_cache: Dict[int, tuple] = {}
         self._ws_keys: set = set()
+        self._benchmarked: set = set()
+        self.conv_passes = 0
         self._sizes: Dict[int, int] = {}
         self._open = False
         self._undo: List[Any] = []
@@ -244,6 +253,39 @@ class Recorder:
             self.builder.alloc(("cublas", key), self.workspace, frames=_frame("cuBLAS workspace"))
             if first:  # the cuBLASLt workspace: one per stream, whatever thread asks first
                 self.builder.alloc("cublaslt", self.lt_workspace, frames=_frame("cuBLASLt workspace"))
+
+    def _convolution(self, name: str, args: tuple, out: Any) -> None:
+        """cuDNN's memory for a convolution op whose outputs are recorded: per pass, under
+        ``cudnn.benchmark`` at its first call the trial workspace and the cache release, then
+        the workspace (cudamem._cudnn_model)."""
+        if name == "convolution":
+            x, w, stride, padding, dilation, transposed, groups = args[0], args[1], *args[3:7], args[8]
+            y, passes = out, ["fwd"]
+        else:
+            y, x, w = args[0], args[1], args[2]
+            stride, padding, dilation, transposed, groups, mask = *args[4:8], args[9], args[10]
+            passes = [p for p, m in (("dgrad", mask[0]), ("wgrad", mask[1])) if m]
+        if not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (x, w, y)):
+            return
+        if not torch.backends.cudnn.enabled:
+            return
+        dtype = str(x.dtype).replace("torch.", "")
+        why = _cudnn_model.modelled(x.shape, w.shape, dtype, x.is_contiguous(), stride, padding, dilation,
+                                    bool(transposed), int(groups))
+        if why is not None:
+            self.left_out.setdefault("cudnn:" + why, why)
+            return
+        benchmark = torch.backends.cudnn.benchmark
+        for p in _cudnn_model.conv_passes(x.shape, w.shape, y.shape, x.element_size(), stride, padding, dtype,
+                                          passes):
+            self.conv_passes += 1
+            if benchmark and p.key not in self._benchmarked:
+                self._benchmarked.add(p.key)
+                self.builder.alloc("cudnn-trial", p.trial, frames=_frame("cuDNN benchmark workspace"))
+                self.builder.free("cudnn-trial")
+                self.builder.empty_cache()
+            self.builder.alloc("cudnn", p.workspace, frames=_frame("cuDNN workspace"))
+            self.builder.free("cudnn")
 
     def _track(self, t: torch.Tensor, op: str) -> None:
         s = t.untyped_storage()
@@ -368,6 +410,10 @@ class Recorder:
         if self._ws_keys:
             notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes and a cuBLASLt "
                          f"workspace of {self.lt_workspace} bytes modelled")
+        if self.conv_passes:
+            notes.append(f"cuDNN workspaces of {self.conv_passes} convolution passes modelled"
+                         + (f", {len(self._benchmarked)} of them benchmarked (trial workspace and cache release)"
+                            if self._benchmarked else ""))
         return _estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
 
 

@@ -136,6 +136,11 @@ class TraceBuilder:
         self._event("free_requested", addr, size, stream)
         self._event("free_completed", addr, size, stream)
 
+    def empty_cache(self) -> None:
+        """The allocator releases its cached blocks here (``emptyCache()``): written as one
+        ``segment_free``, which replays as ``empty_cache()`` whatever it releases."""
+        self._event("segment_free", 0, 0, 0)
+
     def live(self, key: Any) -> bool:
         return key in self._live
 

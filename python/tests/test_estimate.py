@@ -228,6 +228,34 @@ def test_recorder_emulates_cuda_autocast_and_fused_attention():
 
 
 @needs_torch
+def test_recorder_models_cudnn_convolutions_and_their_benchmark():
+    import torch
+
+    def step(steps):
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).cuda()
+        for _ in range(steps):
+            x = torch.randn(8, 64, 56, 56, device="cuda", requires_grad=True)  # data gradient too
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = conv(x)
+            y.float().sum().backward()
+
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        e = est.estimate(step, 2, policies=["pytorch"])
+    finally:
+        torch.backends.cudnn.benchmark = old
+    ev = e.trace["device_traces"][0]
+    names = [x["frames"][0]["name"] for x in ev if x["action"] == "alloc" and x["frames"]]
+    # Three passes (forward, data and weight gradient), each timed once then run each step.
+    assert names.count("cuDNN benchmark workspace") == 3
+    assert names.count("cuDNN workspace") == 6
+    assert sum(x["action"] == "segment_free" for x in ev) == 3  # the cache release after each timing
+    assert any("cuDNN workspaces of 6 convolution passes modelled, 3 of them benchmarked" in n for n in e.notes)
+    assert not any("cudnn" in s.lower() and "convolution" in s for s in e.left_out)
+
+
+@needs_torch
 def test_recorder_errors_and_cleanup():
     import torch
 
