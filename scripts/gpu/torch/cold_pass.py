@@ -19,7 +19,11 @@ segment growths for cudamem, each of one or more mappings). Writes cold-pass.jso
 table. With --slow-ops each operation is also timed on its own (both kinds pay the two clock
 reads): the cold pass's operations that took more than 20 µs, their count and total time, say
 whether the pass's cost lies in its device allocations or is spread over every operation, and
-a histogram of every allocation's and free's time shows where.
+a histogram of every allocation's and free's time shows where. With --diag each pass also
+records the process's minor page faults, its context switches and the thread's CPU time, and a
+third pass follows torch.cuda.empty_cache() (every segment released, so it makes its segments
+again with the code and the allocator's own structures already warm): a cost that returns in
+that pass lies in making segments; one that does not, in the process's first use of something.
 """
 
 import argparse
@@ -28,6 +32,7 @@ import gzip
 import json
 import os
 import pickle
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,7 +65,7 @@ SLOW_NS = 20_000
 BUCKETS_NS = (1_000, 2_000, 5_000, 10_000, 20_000, float("inf"))
 
 
-def child(kind, trace, slow_ops):
+def child(kind, trace, slow_ops, diag=False):
     if kind == "cudamem":
         import cudamem.torch
 
@@ -72,8 +77,11 @@ def child(kind, trace, slow_ops):
     streams = {s: (0 if s == 0 else torch.cuda.Stream().cuda_stream) for s in {op[3] for op in ops}}
     alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
     out = {"kind": kind, "ops": len(ops), "allocator": torch.cuda.memory.get_allocator_backend()}
-    for name in ("cold", "warm"):
+    for name in ("cold", "warm", "recold") if diag else ("cold", "warm"):
+        if name == "recold":
+            torch.cuda.empty_cache()
         before = torch.cuda.memory_stats().get("num_device_alloc", 0)
+        ru0, cpu0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time_ns()
         ptrs = {}
         slow = []
         hist = {k: [[0, 0] for _ in BUCKETS_NS] for k in ("alloc", "free")}
@@ -99,12 +107,16 @@ def child(kind, trace, slow_ops):
                 else:
                     delete(ptrs.pop(addr))
         t1 = clock()
+        ru1, cpu1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time_ns()
         for p in ptrs.values():  # blocks the trace never freed: freed untimed, for the next pass
             delete(p)
         torch.cuda.synchronize()
         out[name] = {"ns_per_op": (t1 - t0) / len(ops),
                      "device_allocs": torch.cuda.memory_stats().get("num_device_alloc", 0) - before,
-                     "peak_reserved": torch.cuda.max_memory_reserved()}
+                     "peak_reserved": torch.cuda.max_memory_reserved(),
+                     "cpu_ns_per_op": (cpu1 - cpu0) / len(ops),
+                     "minor_faults": ru1.ru_minflt - ru0.ru_minflt,
+                     "context_switches": ru1.ru_nvcsw - ru0.ru_nvcsw + ru1.ru_nivcsw - ru0.ru_nivcsw}
         if slow_ops:
             slow.sort(reverse=True)
             out[name]["slow_ops"] = {"count": len(slow), "total_ns": sum(d for d, _, _ in slow),
@@ -114,8 +126,9 @@ def child(kind, trace, slow_ops):
     return 0
 
 
-def spawn(kind, trace, slow_ops):
-    r = subprocess.run([sys.executable, __file__, "--child", kind, str(trace), "1" if slow_ops else "0"],
+def spawn(kind, trace, slow_ops, diag):
+    r = subprocess.run([sys.executable, __file__, "--child", kind, str(trace), "1" if slow_ops else "0",
+                        "1" if diag else "0"],
                        capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
@@ -126,12 +139,14 @@ def spawn(kind, trace, slow_ops):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        return child(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+        return child(sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--slow-ops", action="store_true", help="time each operation; report those over 20 µs")
+    ap.add_argument("--diag", action="store_true",
+                    help="page faults, context switches and CPU time per pass, and a pass after empty_cache")
     a = ap.parse_args()
     if a.rounds < 1:
         print("--rounds: at least 1", file=sys.stderr)
@@ -146,7 +161,7 @@ def main():
         runs = {"native": [], "cudamem": []}
         for _ in range(a.rounds):
             for kind in ("native", "cudamem"):  # alternated, each in a fresh process
-                runs[kind].append(spawn(kind, t, a.slow_ops))
+                runs[kind].append(spawn(kind, t, a.slow_ops, a.diag))
         results.append({"trace": t.name.split(".")[0], "runs": runs})
         print(f"{t.name}: done", flush=True)
     rows = ["| trace | ops | cold ns/op native / cudamem (ratio) | warm ns/op native / cudamem (ratio) | device allocs "
@@ -192,6 +207,25 @@ def main():
                     h = v[0]["cold"]["slow_ops"]["histogram"][op]
                     rows.append(f"| {r['trace']} | {k} | {op} | "
                                 + " | ".join(f"{c}, {t / 1e6:.1f}" for c, t in h) + " |")
+    if a.diag:
+        rows.append("")
+        rows.append("Per pass, medians of the processes of each kind: ns per operation (wall / the thread's CPU), "
+                    "minor page faults, context switches, device allocations:")
+        rows.append("")
+        rows.append("| trace | allocator | cold | warm | after empty_cache |")
+        rows.append("|---|---|---|---|---|")
+        for r in results:
+            for k in ("native", "cudamem"):
+                v = [x for x in r["runs"][k] if "error" not in x]
+                if not v:
+                    continue
+                cells = []
+                for p in ("cold", "warm", "recold"):
+                    def m(f):
+                        return statistics.median(x[p][f] for x in v)
+                    cells.append(f"{m('ns_per_op'):.0f} / {m('cpu_ns_per_op'):.0f} ns, {m('minor_faults'):.0f} faults, "
+                                 f"{m('context_switches'):.0f} switches, {m('device_allocs'):.0f} allocs")
+                rows.append(f"| {r['trace']} | {k} | " + " | ".join(cells) + " |")
     md = "\n".join(rows)
     print(md)
     out = Path(a.out)
