@@ -438,6 +438,24 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     int slot;
   };
 
+  // Torch's allocator makes segments with cudaMalloc, whose first call on a thread binds the
+  // current device's primary context to that thread; cudamem's engine calls the driver and
+  // leaves the thread's context as it found it. Without the binding, each device guard torch
+  // runs on that thread (one per torch.cuda.caching_allocator_alloc) takes the runtime's slow
+  // path until some other runtime call binds it. So bind it once per thread, as cudaMalloc
+  // would: cudaFree(nullptr) does only that. Never while a capture is underway (the call is
+  // one a capture in the default mode forbids); a later allocation binds it.
+  static void bind_runtime_context() {
+    static thread_local bool bound = false;
+    if (bound || g_captures.load(std::memory_order_relaxed) != 0) {
+      return;
+    }
+    if (cudaFree(nullptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // the engine's own call reports a device that does not work
+    }
+    bound = true;
+  }
+
   // The private pool that an allocation on `stream` goes to (its slot), or -1.
   int slot_for(int device, cudaStream_t stream) {
     if (g_captures.load(std::memory_order_relaxed) == 0) {
@@ -479,6 +497,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   }
 
   void* malloc(int device, size_t size, cudaStream_t stream) {
+    bind_runtime_context();
     const bool profiling = c10::memoryProfilingEnabled();
     uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
     void* p = nullptr;

@@ -9,8 +9,9 @@ torch.cuda.caching_allocator_alloc / caching_allocator_delete, the thinnest path
 its CUDA allocator, in a fresh process: once with torch's native allocator, once after
 cudamem.torch.install() (the policy of CUDAMEM_POLICY, default cudamem). Both pay the same
 Python per call, so the ratio is of the allocators plus that shared cost: it understates the
-allocators' own difference, never reverses it. Pass 1 is the cold pass (an empty allocator:
-every segment is made); pass 2 repeats the trace on the now-warm cache. The two kinds of process
+allocators' own difference, never reverses it. The CUDA context is made before the passes (its
+time is in the JSON as context_ms). Pass 1 is the cold pass (an empty allocator: every segment
+is made); pass 2 repeats the trace on the now-warm cache. The two kinds of process
 alternate, --rounds of each; the figure is the median per kind.
 
 Reported per trace: ns per operation in the cold and the warm pass, cudamem / native, and the
@@ -74,9 +75,17 @@ def child(kind, trace, slow_ops, diag=False):
 
     ops = load_ops(trace)
     torch.cuda.init()
+    # The CUDA context is made before the passes, in both kinds of process: torch's allocator
+    # would make it inside its first cudaMalloc and cudamem when it opens the device, and it
+    # costs about a tenth of a second, which is neither allocator's. Its time is reported apart.
+    c0 = time.perf_counter_ns()
+    torch.cuda.set_device(0)
+    torch.cuda.synchronize()
+    context_ms = (time.perf_counter_ns() - c0) / 1e6
     streams = {s: (0 if s == 0 else torch.cuda.Stream().cuda_stream) for s in {op[3] for op in ops}}
     alloc, delete = torch.cuda.caching_allocator_alloc, torch.cuda.caching_allocator_delete
-    out = {"kind": kind, "ops": len(ops), "allocator": torch.cuda.memory.get_allocator_backend()}
+    out = {"kind": kind, "ops": len(ops), "allocator": torch.cuda.memory.get_allocator_backend(),
+           "context_ms": context_ms}
     for name in ("cold", "warm", "recold") if diag else ("cold", "warm"):
         if name == "recold":
             torch.cuda.empty_cache()
