@@ -143,14 +143,19 @@ pub fn run(a: ScaleArgs) -> CliResult {
     }
     let bs: Vec<String> = a.batch.iter().map(u64::to_string).collect();
     outln!(
-        "{} traces at batch {} (base {}); alignment {}: {} allocations, {} matched, {} scale with the batch",
+        "{} traces at batch {} (base {}); alignment {}: {} allocations, {} matched, {} scale with the batch{}",
         traces.len(),
         bs.join(", "),
         name(&a.traces[model.alignment.base]),
-        if q.exact_alignment { "exact" } else { "by call site" },
+        q.alignment,
         q.allocations,
         q.matched,
-        q.scaling
+        q.scaling,
+        if q.transient_kept > 0 {
+            format!(", {} transient kept at their recorded size", q.transient_kept)
+        } else {
+            String::new()
+        }
     );
     let hold = q
         .holdout_error

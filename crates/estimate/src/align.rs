@@ -7,7 +7,15 @@
 //! reads them). Equal signatures mean the job did the same thing at each size with different
 //! sizes: the `k`-th alloc corresponds across traces, and the alignment is *exact*.
 //!
-//! Otherwise each alloc of the base trace (the one at the largest batch) is matched to the alloc
+//! Otherwise, when the signatures agree once *transient* allocations are left out (an alloc
+//! freed before the device's next alloc: a kernel's workspace, an algorithm's trial buffer),
+//! the other allocations correspond one to one, as in an exact alignment, and each transient
+//! one is matched by its place: the number of other allocs before it, its site and its
+//! occurrence number among the transients of that site at that place. This is the case of
+//! jobs that pick kernels by size (cuDNN autotuning): at each batch size another algorithm may
+//! need a workspace, or none, while the tensors the job keeps are the same.
+//!
+//! Failing that, each alloc of the base trace (the one at the largest batch) is matched to the alloc
 //! with the same *site* and the same occurrence number of that site in each other trace. A site
 //! is the stream ordinal, the recorded stack (hashed by content because stack ids are per trace)
 //! and the lifetime class (short: fewer than 4 allocations made while it lived; long; never
@@ -42,6 +50,8 @@ struct Reduced {
     sites: Vec<(u32, u64, u32)>,
     /// For each event: the ordinal of the alloc it allocates or frees.
     owner: Vec<Option<u32>>,
+    /// Whether each alloc, by ordinal, is transient (freed before the next alloc).
+    transient: Vec<bool>,
 }
 
 fn stack_hash(t: &Trace, id: Option<u32>) -> u64 {
@@ -59,6 +69,7 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
         sizes: Vec::new(),
         sites: Vec::new(),
         owner: vec![None; dt.events.len()],
+        transient: Vec::new(),
     };
     let mut streams: Vec<u64> = Vec::new();
     let mut live: HashMap<u64, u32> = HashMap::new();
@@ -109,6 +120,7 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
             _ => {}
         }
     }
+    r.transient = lifetime.iter().map(|l| *l == Some(1)).collect();
     for (site, life) in r.sites.iter_mut().zip(&lifetime) {
         // Coarse on purpose: an extra allocation inside a lifetime must not change its class.
         site.2 = match life {
@@ -118,6 +130,80 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
         };
     }
     r
+}
+
+impl Reduced {
+    /// The signature without the transient allocs and their frees, allocs renumbered over the
+    /// rest, and without cache releases (which the job may make a different number of times
+    /// when it picks algorithms by size).
+    fn core_sig(&self) -> Vec<Tok> {
+        let mut ord = vec![u32::MAX; self.sizes.len()];
+        let mut n = 0u32;
+        for (k, t) in self.transient.iter().enumerate() {
+            if !t {
+                ord[k] = n;
+                n += 1;
+            }
+        }
+        let mut next = 0usize;
+        let mut out = Vec::with_capacity(self.sig.len());
+        for t in &self.sig {
+            match *t {
+                Tok::Alloc(s) => {
+                    if !self.transient[next] {
+                        out.push(Tok::Alloc(s));
+                    }
+                    next += 1;
+                }
+                Tok::Free(k) if !self.transient[k as usize] => out.push(Tok::Free(ord[k as usize])),
+                Tok::Done(k) if !self.transient[k as usize] => out.push(Tok::Done(ord[k as usize])),
+                Tok::Unmatched => out.push(Tok::Unmatched),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Each transient alloc's place: (other allocs before it, site, occurrence number of that
+    /// site among the transients at that place) -> ordinal; and the non-transient ordinals in
+    /// order.
+    fn places(&self) -> (HashMap<(usize, (u32, u64, u32), usize), usize>, Vec<usize>) {
+        let (mut places, mut core) = (HashMap::new(), Vec::new());
+        let mut seen: HashMap<(usize, (u32, u64, u32)), usize> = HashMap::new();
+        for (k, &t) in self.transient.iter().enumerate() {
+            if t {
+                let occ = seen.entry((core.len(), self.sites[k])).or_insert(0);
+                places.insert((core.len(), self.sites[k], *occ), k);
+                *occ += 1;
+            } else {
+                core.push(k);
+            }
+        }
+        (places, core)
+    }
+}
+
+/// How the allocations of the traces were matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlignmentKind {
+    /// Equal signatures: the `k`-th alloc of every trace corresponds.
+    Exact,
+    /// Equal signatures once transient allocs are left out: the others correspond one to one,
+    /// the transient ones by their place.
+    ExceptTransient,
+    /// By call site and occurrence number.
+    BySite,
+}
+
+impl AlignmentKind {
+    /// How reports name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            AlignmentKind::Exact => "exact",
+            AlignmentKind::ExceptTransient => "exact except transient allocations",
+            AlignmentKind::BySite => "by call site",
+        }
+    }
 }
 
 /// The allocations of one device, aligned across the traces.
@@ -132,6 +218,9 @@ pub struct DeviceAlignment {
     pub matched: Vec<bool>,
     /// For each event of the base device trace: the alloc it allocates or frees.
     pub owner: Vec<Option<u32>>,
+    /// Whether each alloc of the base trace is transient (freed before the device's next
+    /// alloc).
+    pub transient: Vec<bool>,
 }
 
 /// The allocations of all devices, aligned.
@@ -143,6 +232,8 @@ pub struct Alignment {
     pub devices: Vec<DeviceAlignment>,
     /// Whether every device's signatures were equal in all traces.
     pub exact: bool,
+    /// The weakest way any device's allocations were matched.
+    pub kind: AlignmentKind,
 }
 
 impl Alignment {
@@ -201,7 +292,7 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
             ));
         }
     }
-    let mut exact = true;
+    let mut kind = AlignmentKind::Exact;
     let mut devices = Vec::new();
     for &d in &devs {
         let reduced: Vec<Reduced> = traces
@@ -212,13 +303,15 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
         if b.sizes.is_empty() {
             return Err(format!("{}: device {d} has no allocations", traces[base].source));
         }
-        let same = reduced.iter().all(|r| r.sig == b.sig);
-        exact &= same;
         let n = b.sizes.len();
-        let (sizes, matched) = if same {
+        let (sizes, matched) = if reduced.iter().all(|r| r.sig == b.sig) {
             let sizes = (0..n).map(|k| reduced.iter().map(|r| r.sizes[k]).collect()).collect();
             (sizes, vec![true; n])
+        } else if reduced.iter().all(|r| r.core_sig() == b.core_sig()) {
+            kind = kind.max_weak(AlignmentKind::ExceptTransient);
+            except_transient(&reduced, base)
         } else {
+            kind = AlignmentKind::BySite;
             by_site(&reduced, base)
         };
         devices.push(DeviceAlignment {
@@ -226,9 +319,58 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
             sizes,
             matched,
             owner: b.owner.clone(),
+            transient: b.transient.clone(),
         });
     }
-    Ok(Alignment { base, devices, exact })
+    Ok(Alignment {
+        base,
+        devices,
+        exact: kind == AlignmentKind::Exact,
+        kind,
+    })
+}
+
+impl AlignmentKind {
+    /// The weaker of two kinds.
+    fn max_weak(self, other: AlignmentKind) -> AlignmentKind {
+        let rank = |k| match k {
+            AlignmentKind::Exact => 0,
+            AlignmentKind::ExceptTransient => 1,
+            AlignmentKind::BySite => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// Matching when the signatures agree without transient allocs (see the module doc).
+fn except_transient(reduced: &[Reduced], base: usize) -> (Vec<Vec<u64>>, Vec<bool>) {
+    let places: Vec<_> = reduced.iter().map(Reduced::places).collect();
+    let b = &reduced[base];
+    let (bplaces, bcore) = &places[base];
+    let mut sizes = vec![Vec::new(); b.sizes.len()];
+    let mut matched = vec![true; b.sizes.len()];
+    for (i, &k) in bcore.iter().enumerate() {
+        sizes[k] = reduced.iter().zip(&places).map(|(r, p)| r.sizes[p.1[i]]).collect();
+    }
+    for (key, &k) in bplaces {
+        let row: Option<Vec<u64>> = reduced
+            .iter()
+            .zip(&places)
+            .map(|(r, p)| p.0.get(key).map(|&j| r.sizes[j]))
+            .collect();
+        match row {
+            Some(r) => sizes[k] = r,
+            None => {
+                sizes[k] = vec![b.sizes[k]; reduced.len()];
+                matched[k] = false;
+            }
+        }
+    }
+    (sizes, matched)
 }
 
 /// Matching by site and occurrence number (see the module doc).

@@ -12,9 +12,13 @@
 //!    `k`-th of every other: the alignment is exact. Otherwise allocations are matched by their
 //!    call site (stream and recorded stack) and occurrence number, and what stays unmatched keeps
 //!    the size it has in the base trace (the one at the largest batch); the report says so.
+//!    Between the two, when the traces differ only in *transient* allocations (freed before the
+//!    next alloc: workspaces of kernels picked by size, as cuDNN autotuning picks them), the
+//!    others correspond one to one and the transient ones are matched by their place.
 //! 2. **Fit** ([`fit`]): each allocation's size as a polynomial of the batch (`a + b·B` by
 //!    default, least squares over the traces), so allocations that do not depend on the batch
-//!    (weights, optimizer state, workspaces) come out constant.
+//!    (weights, optimizer state, workspaces) come out constant. A transient allocation whose
+//!    sizes no polynomial follows (another algorithm at each size) keeps its base size.
 //! 3. **Build and replay** ([`predict`]): the base trace with every allocation's size replaced by
 //!    the fitted size at the new batch is replayed on the simulated GPU with `cudamem-replay`;
 //!    the largest batch that fits a capacity is found by search, each candidate verified by a
@@ -38,7 +42,7 @@ pub mod gpus;
 pub mod predict;
 pub mod report;
 
-pub use align::{align, Alignment};
+pub use align::{align, Alignment, AlignmentKind};
 pub use fit::{fit_sizes, SizeFit};
 pub use gpus::{gpu_capacity, GPUS};
 pub use predict::{confidence, fits, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};

@@ -19,6 +19,12 @@ use cudamem_trace::{Action, Trace};
 use crate::align::{align, Alignment};
 use crate::fit::{fit_sizes, SizeFit};
 
+/// A transient allocation (a workspace) whose fit misses one of its recorded sizes by more than
+/// this share of its largest size keeps its base size: a size picked per batch (another
+/// algorithm, another workspace) extrapolated along a line goes wherever the line goes, while
+/// the base size is one the job really asked for near the target.
+pub const TRANSIENT_FIT_TOLERANCE: f64 = 0.02;
+
 /// What the scaling learned from the traces.
 #[derive(Clone, Debug)]
 pub struct ScaleModel {
@@ -30,6 +36,9 @@ pub struct ScaleModel {
     pub alignment: Alignment,
     /// Per device of the alignment, per allocation: its fitted size.
     pub fits: Vec<Vec<SizeFit>>,
+    /// Per device, per allocation: whether it is a transient allocation kept at its base size
+    /// because its recorded sizes follow no polynomial of the batch.
+    pub kept: Vec<Vec<bool>>,
     /// Degree of the fitted polynomials.
     pub degree: usize,
 }
@@ -39,6 +48,11 @@ pub struct ScaleModel {
 pub struct Quality {
     /// Whether every trace had the same allocation sequence.
     pub exact_alignment: bool,
+    /// How the allocations were matched ([`crate::AlignmentKind::label`]).
+    pub alignment: &'static str,
+    /// Transient allocations kept at their base size (their sizes follow no fit); left out of
+    /// the residual figures.
+    pub transient_kept: usize,
     /// Allocations of the base trace.
     pub allocations: usize,
     /// Of them, matched in every trace.
@@ -104,15 +118,29 @@ impl ScaleModel {
         let refs: Vec<&Trace> = traces.iter().collect();
         let alignment = align(&refs, batches)?;
         let mut fits = Vec::new();
+        let mut kept = Vec::new();
         for d in &alignment.devices {
-            let f: Result<Vec<SizeFit>, String> = d.sizes.iter().map(|s| fit_sizes(batches, s, degree)).collect();
-            fits.push(f?);
+            let (mut f, mut k) = (Vec::with_capacity(d.sizes.len()), Vec::with_capacity(d.sizes.len()));
+            for (s, &transient) in d.sizes.iter().zip(&d.transient) {
+                let fit = fit_sizes(batches, s, degree)?;
+                let largest = s.iter().copied().max().unwrap_or(0).max(1) as f64;
+                if transient && fit.max_residual > TRANSIENT_FIT_TOLERANCE * largest {
+                    f.push(fit_sizes(batches, &vec![s[alignment.base]; s.len()], degree)?);
+                    k.push(true);
+                } else {
+                    f.push(fit);
+                    k.push(false);
+                }
+            }
+            fits.push(f);
+            kept.push(k);
         }
         Ok(ScaleModel {
             base: traces[alignment.base].clone(),
             batches: batches.to_vec(),
             alignment,
             fits,
+            kept,
             degree,
         })
     }
@@ -155,8 +183,13 @@ impl ScaleModel {
     pub fn quality(&self, target: u64) -> Quality {
         let a = &self.alignment;
         let (mut scaling, mut max_rel, mut res, mut total) = (0usize, 0.0f64, 0.0f64, 0.0f64);
-        for (d, fits) in a.devices.iter().zip(&self.fits) {
-            for (s, f) in d.sizes.iter().zip(fits) {
+        let mut transient_kept = 0;
+        for ((d, fits), kept) in a.devices.iter().zip(&self.fits).zip(&self.kept) {
+            for ((s, f), &k) in d.sizes.iter().zip(fits).zip(kept) {
+                if k {
+                    transient_kept += 1;
+                    continue;
+                }
                 if !f.constant {
                     scaling += 1;
                 }
@@ -168,6 +201,8 @@ impl ScaleModel {
         }
         let mut q = Quality {
             exact_alignment: a.exact,
+            alignment: a.kind.label(),
+            transient_kept,
             allocations: a.allocations(),
             matched: a.matched(),
             scaling,

@@ -45,7 +45,8 @@ pub fn largest_json(l: &Largest) -> Value {
 /// A [`Quality`] as JSON.
 pub fn quality_json(q: &Quality) -> Value {
     json!({
-        "exact_alignment": q.exact_alignment, "allocations": q.allocations, "matched": q.matched,
+        "exact_alignment": q.exact_alignment, "alignment": q.alignment, "transient_kept": q.transient_kept,
+        "allocations": q.allocations, "matched": q.matched,
         "scaling": q.scaling, "max_relative_residual": q.max_relative_residual,
         "residual_share": q.residual_share, "extrapolation": q.extrapolation,
         "holdout_error": q.holdout_error, "confidence": q.confidence,

@@ -4,6 +4,10 @@ with bf16 autocast and AdamW, recorded without a GPU by cudamem.estimate at batc
 (the scaling inputs) and 8 (the truth the prediction is checked against).
 
     python3 crates/estimate/tests/data/make.py      # needs torch and the cudamem package
+
+The resnet50_cudnn_b*.pickle.gz fixtures are real traces, not made here: fit_models.resnet50
+(cudnn.benchmark, bf16 autocast, 3 steps) recorded on an H200 with torch 2.11 at batch 8, 16,
+24, 64 and 900 by `python3 scripts/gpu/torch/fit_check.py --child run resnet50 B --trace F`.
 """
 
 import gzip
