@@ -121,3 +121,33 @@ fn a_smaller_gpu_gives_out_of_memory_and_fit_finds_the_smallest() {
     let peak = at(cudamem_device::sim::H200_CAPACITY).devices[0].peak_requested_bytes;
     assert!(cap >= peak, "cannot fit below the live peak");
 }
+
+#[test]
+fn under_a_memory_cap_the_out_of_memory_retry_releases_what_pytorch_released() {
+    // BERT inference recorded on an H200 under set_per_process_memory_fraction(40 GiB / total)
+    // at batch 1066 and 1067 (fit_check.py's capped runs): a 31 GiB allocation did not fit
+    // under the cap, and PyTorch's retry released every wholly free segment (the trace's one run
+    // of segment_free entries) and allocated again. Without those entries the replay must make
+    // the same release on its own: same peak, no out-of-memory error, one retry.
+    for b in [1066, 1067] {
+        let path = data(&format!("capped/bert_b{b}_cap40gib.pickle.gz"));
+        let mut trace = cudamem_trace::read_path(&path).unwrap();
+        let recorded = replay(&trace, &opts("pytorch")).unwrap().devices[0].trace_peak_reserved_bytes;
+        let events = &mut trace.devices[0].events;
+        let before = events.len();
+        events.retain(|e| e.action != cudamem_trace::Action::SegmentFree);
+        assert!(events.len() < before, "batch {b}: the trace records the retry's releases");
+        let r = replay(
+            &trace,
+            &ReplayOptions {
+                capacity: 40 << 30,
+                ..opts("pytorch")
+            },
+        )
+        .unwrap();
+        let d = &r.devices[0];
+        assert_eq!((d.ooms, d.alloc_retries), (0, 1), "batch {b}");
+        assert_eq!(d.peak_reserved_bytes, recorded, "batch {b}: peak reserved");
+        assert!(recorded > (40 << 30) - (64 << 20), "batch {b}: within 64 MiB of the cap");
+    }
+}
