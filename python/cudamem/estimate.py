@@ -268,6 +268,9 @@ def headline(result: dict) -> str:
             parts.append(f"not even batch 1 fits {human(lg['capacity_bytes'])}")
         else:
             parts.append(f"{lg['largest_batch']} fits with {human(lg['spare_bytes'])} to spare")
+            if lg.get("next_batch_borderline"):
+                parts.append(f"{lg['largest_batch'] + 1} fails by less than one {human(BORDERLINE_MARGIN)} segment "
+                             "and may fit on the GPU")
     pol = (result.get("at") or result.get("largest") or [{"policy": ""}])[0]["policy"]
     return "; ".join(parts) + f" ({pol})"
 
@@ -287,6 +290,12 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)
 
 
+#: A verified largest batch whose successor fits with this much more memory (one of PyTorch's
+#: large segments) reports that successor as borderline: near the cap, which segments the
+#: out-of-memory retry can release depends on the driver's placement of segments.
+BORDERLINE_MARGIN = 20 << 20
+
+
 def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequence[int] = (1, 2, 3),
                   at: Optional[int] = None, policies: Sequence[str] = DEFAULT_POLICIES, degree: int = 1,
                   compute_capability: int = 9, verify: bool = True, max_probes: int = 24,
@@ -300,7 +309,9 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
     outwards from the guess and then by bisection until batch ``b`` fits and ``b + 1`` does not.
     Each ``largest`` row then carries ``scaled_batch`` (the guess), ``largest_batch`` (the
     verified answer), ``probes`` (batch -> fits) and ``verified`` (False when ``max_probes``
-    recordings did not settle it; ``largest_batch`` is then the largest batch seen to fit)."""
+    recordings did not settle it; ``largest_batch`` is then the largest batch seen to fit), and
+    ``next_batch_borderline``: the next batch fails by less than one large segment
+    (:data:`BORDERLINE_MARGIN`) and may fit on the GPU."""
     if not callable(fn):
         raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
     if len(batches) < 2:
@@ -343,6 +354,10 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
                 row["next_batch"] = b + 1
                 # Replayed on a device with room to spare: what it would reserve, not where it failed.
                 row["next_batch_needs_bytes"] = replay(seen[b + 1][0], [pol], 8 * cap, None)[0]["peak_reserved_bytes"]
+                # One large segment more and it fits: which cached blocks the retry path can
+                # release then depends on where the driver placed the segments, which no
+                # recording knows (docs/guide/will-it-fit.md), so b + 1 may fit on the GPU.
+                row["next_batch_borderline"] = replay(seen[b + 1][0], [pol], cap + BORDERLINE_MARGIN, None)[0]["ooms"] == 0
         out["headline"] = headline(out)
     return out
 

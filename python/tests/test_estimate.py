@@ -304,6 +304,13 @@ def test_largest_batch_without_a_gpu():
     with pytest.raises(ValueError, match="two or more"):
         est.largest_batch(job, "1GiB", batches=(2,))
 
+    def coarse(batch):  # one batch more is 32 MiB more: more than one large segment
+        x = torch.empty(batch << 25, dtype=torch.uint8, device="cuda")
+        del x
+
+    row = est.largest_batch(coarse, "1GiB", batches=(2, 4, 8), policies=["pytorch"])["largest"][0]
+    assert row["verified"] and row["next_batch_borderline"] is False, row
+
 
 @needs_torch
 def test_largest_batch_is_verified_where_scaling_guesses_wrong():
@@ -323,6 +330,8 @@ def test_largest_batch_is_verified_where_scaling_guesses_wrong():
     assert row["probes"][str(b)] is True and row["probes"][str(b + 1)] is False
     assert row["spare_bytes"] == (1 << 30) - row["peak_reserved_bytes"] >= 0
     assert row["next_batch"] == b + 1 and row["next_batch_needs_bytes"] > 1 << 30
+    # b + 1 adds 2b + 1 KiB and 1 MiB, far less than one large segment: it fits with one more.
+    assert row["next_batch_borderline"] is True and "may fit on the GPU" in r["headline"], r["headline"]
     unverified = est.largest_batch(job, "1GiB", batches=(2, 4, 8), policies=["pytorch"], verify=False)
     assert unverified["largest"][0]["largest_batch"] == row["scaled_batch"]
     with pytest.raises(ValueError, match="max_probes"):

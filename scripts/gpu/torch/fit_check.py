@@ -268,6 +268,9 @@ def table(results):
             guess = r.get("largest", {}).get(label, {}).get("largest_batch", "-")
             pred = r.get("predicted", {}).get(label, {})
             by = "" if pred.get("by") == "gpu_free" else " (scaled)"
+            if pred.get("by") == "gpu_free" and r.get("gpu_free", {}).get("largest", {}).get(label, {}).get(
+                    "next_batch_borderline"):
+                by += " (next borderline)"
             if len(runs) == 2:
                 # ok is False for an out-of-memory error; a run that failed otherwise has no ok.
                 word = {True: "yes", False: "no", None: "error"}
