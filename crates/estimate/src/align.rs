@@ -132,6 +132,10 @@ fn reduce(t: &Trace, dt: &DeviceTrace) -> Reduced {
     r
 }
 
+/// Where a transient alloc was made: the number of other allocs before it, its site, and its
+/// occurrence number among the transient allocs of that site there.
+type Place = (usize, (u32, u64, u32), usize);
+
 impl Reduced {
     /// The signature without the transient allocs and their frees, allocs renumbered over the
     /// rest, and without cache releases (which the job may make a different number of times
@@ -164,10 +168,9 @@ impl Reduced {
         out
     }
 
-    /// Each transient alloc's place: (other allocs before it, site, occurrence number of that
-    /// site among the transients at that place) -> ordinal; and the non-transient ordinals in
+    /// Each transient alloc's [`Place`] -> its ordinal; and the other allocs' ordinals in
     /// order.
-    fn places(&self) -> (HashMap<(usize, (u32, u64, u32), usize), usize>, Vec<usize>) {
+    fn places(&self) -> (HashMap<Place, usize>, Vec<usize>) {
         let (mut places, mut core) = (HashMap::new(), Vec::new());
         let mut seen: HashMap<(usize, (u32, u64, u32)), usize> = HashMap::new();
         for (k, &t) in self.transient.iter().enumerate() {
@@ -183,8 +186,9 @@ impl Reduced {
     }
 }
 
-/// How the allocations of the traces were matched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the allocations of the traces were matched, from the strongest to the weakest (the
+/// order of the variants: the weakest of several devices is their maximum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AlignmentKind {
     /// Equal signatures: the `k`-th alloc of every trace corresponds.
     Exact,
@@ -308,7 +312,7 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
             let sizes = (0..n).map(|k| reduced.iter().map(|r| r.sizes[k]).collect()).collect();
             (sizes, vec![true; n])
         } else if reduced.iter().all(|r| r.core_sig() == b.core_sig()) {
-            kind = kind.max_weak(AlignmentKind::ExceptTransient);
+            kind = kind.max(AlignmentKind::ExceptTransient);
             except_transient(&reduced, base)
         } else {
             kind = AlignmentKind::BySite;
@@ -328,22 +332,6 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
         exact: kind == AlignmentKind::Exact,
         kind,
     })
-}
-
-impl AlignmentKind {
-    /// The weaker of two kinds.
-    fn max_weak(self, other: AlignmentKind) -> AlignmentKind {
-        let rank = |k| match k {
-            AlignmentKind::Exact => 0,
-            AlignmentKind::ExceptTransient => 1,
-            AlignmentKind::BySite => 2,
-        };
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
-        }
-    }
 }
 
 /// Matching when the signatures agree without transient allocs (see the module doc).

@@ -136,7 +136,10 @@ fn under_a_memory_cap_the_out_of_memory_retry_releases_what_pytorch_released() {
         let events = &mut trace.devices[0].events;
         let before = events.len();
         events.retain(|e| e.action != cudamem_trace::Action::SegmentFree);
-        assert!(events.len() < before, "batch {b}: the trace records the retry's releases");
+        assert!(
+            events.len() < before,
+            "batch {b}: the trace records the retry's releases"
+        );
         let r = replay(
             &trace,
             &ReplayOptions {
@@ -148,6 +151,9 @@ fn under_a_memory_cap_the_out_of_memory_retry_releases_what_pytorch_released() {
         let d = &r.devices[0];
         assert_eq!((d.ooms, d.alloc_retries), (0, 1), "batch {b}");
         assert_eq!(d.peak_reserved_bytes, recorded, "batch {b}: peak reserved");
-        assert!(recorded > (40 << 30) - (64 << 20), "batch {b}: within 64 MiB of the cap");
+        assert!(
+            recorded > (40 << 30) - (64 << 20),
+            "batch {b}: within 64 MiB of the cap"
+        );
     }
 }
