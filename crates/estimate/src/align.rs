@@ -234,9 +234,8 @@ pub struct Alignment {
     pub base: usize,
     /// Per device, in the base trace's device order.
     pub devices: Vec<DeviceAlignment>,
-    /// Whether every device's signatures were equal in all traces.
-    pub exact: bool,
-    /// The weakest way any device's allocations were matched.
+    /// The weakest way any device's allocations were matched ([`AlignmentKind::Exact`]: every
+    /// device's signatures were equal in all traces).
     pub kind: AlignmentKind,
 }
 
@@ -308,10 +307,14 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
             return Err(format!("{}: device {d} has no allocations", traces[base].source));
         }
         let n = b.sizes.len();
+        let core = || {
+            let bc = b.core_sig();
+            reduced.iter().all(|r| r.core_sig() == bc)
+        };
         let (sizes, matched) = if reduced.iter().all(|r| r.sig == b.sig) {
             let sizes = (0..n).map(|k| reduced.iter().map(|r| r.sizes[k]).collect()).collect();
             (sizes, vec![true; n])
-        } else if reduced.iter().all(|r| r.core_sig() == b.core_sig()) {
+        } else if core() {
             kind = kind.max(AlignmentKind::ExceptTransient);
             except_transient(&reduced, base)
         } else {
@@ -326,12 +329,7 @@ pub fn align(traces: &[&Trace], batches: &[u64]) -> Result<Alignment, String> {
             transient: b.transient.clone(),
         });
     }
-    Ok(Alignment {
-        base,
-        devices,
-        exact: kind == AlignmentKind::Exact,
-        kind,
-    })
+    Ok(Alignment { base, devices, kind })
 }
 
 /// Matching when the signatures agree without transient allocs (see the module doc).

@@ -200,7 +200,7 @@ impl ScaleModel {
             }
         }
         let mut q = Quality {
-            exact_alignment: a.exact,
+            exact_alignment: a.kind == crate::AlignmentKind::Exact,
             alignment: a.kind.label(),
             transient_kept,
             allocations: a.allocations(),
