@@ -417,5 +417,7 @@ class Recorder:
         return _estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
 
 
+# The frame names of modelled cuDNN workspaces are a contract: estimate replays shrink the
+# allocations so named when they do not fit (cudamem-estimate's SHRINKING_FRAMES).
 def _frame(name: str) -> list:
     return [{"name": name, "filename": "<cudamem.estimate>", "line": 0}]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pickle
 import sys
@@ -217,13 +218,19 @@ class Estimate:
 
 
 def replay(trace: Any, policies: Sequence[str] = DEFAULT_POLICIES, capacity: Any = "h200",
-           config: Optional[str] = None) -> List[dict]:
-    """A snapshot (dict, bytes or path) replayed with each policy on a simulated GPU."""
+           config: Optional[str] = None, orders: int = 0) -> List[dict]:
+    """A snapshot (dict, bytes or path) replayed with each policy on a simulated GPU. With
+    ``orders`` > 0 each row also has ``orders_fit`` of ``orders`` + 1 segment orders (the
+    simulator's own and seeded shuffles) in which it ran without a failed allocation, and
+    ``orders_fit_peak_reserved_bytes``, the highest peak among those (None if none)."""
     from . import _trace_bytes
 
+    if isinstance(orders, bool) or not isinstance(orders, int) or not 0 <= orders < 1 << 16:
+        raise ValueError(f"orders: a count of shuffled segment orders from 0 to 65535, got {orders!r}")
     data, source = _trace_bytes(trace)
     pols = _policies(policies)
-    return json.loads(_cudamem._estimate_replay(data, source, pols, capacity_bytes(capacity, "capacity"), config))
+    return json.loads(_cudamem._estimate_replay(data, source, pols, capacity_bytes(capacity, "capacity"), config,
+                                                orders))
 
 
 def _policies(policies: Any) -> List[str]:
@@ -268,9 +275,13 @@ def headline(result: dict) -> str:
             parts.append(f"not even batch 1 fits {human(lg['capacity_bytes'])}")
         else:
             parts.append(f"{lg['largest_batch']} fits with {human(lg['spare_bytes'])} to spare")
-            if lg.get("next_batch_borderline"):
-                parts.append(f"{lg['largest_batch'] + 1} fails by less than one {human(BORDERLINE_MARGIN)} segment "
-                             "and may fit on the GPU")
+            may = {int(b): f for b, f in (lg.get("may_fit") or {}).items() if int(b) > lg["largest_batch"]}
+            if may:
+                n = lg["orders"]
+                shares = ", ".join(f"{b} in {f} of {n}" for b, f in sorted(may.items()))
+                parts.append(f"{'batches' if len(may) > 1 else 'batch'} {min(may)}"
+                             f"{'-' + str(max(may)) if len(may) > 1 else ''} may fit, as the driver places "
+                             f"segments (segment orders that fit: {shares})")
     pol = (result.get("at") or result.get("largest") or [{"policy": ""}])[0]["policy"]
     return "; ".join(parts) + f" ({pol})"
 
@@ -290,10 +301,17 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)
 
 
-#: A verified largest batch whose successor fits with this much more memory (one of PyTorch's
-#: large segments) reports that successor as borderline: near the cap, which segments the
-#: out-of-memory retry can release depends on the driver's placement of segments.
-BORDERLINE_MARGIN = 20 << 20
+#: Shuffled segment orders each candidate batch is replayed in, beside the simulator's own.
+ORDERS = 24
+#: The share of segment orders a batch must fit in to count as fitting. Near the cap, whether
+#: PyTorch's out-of-memory retry can release enough depends on which segments hold the live
+#: blocks, and PyTorch picks between equal free blocks by address, which the driver chooses
+#: (its order differs between two runs of one program). On the H200 every batch that fit in 6
+#: or more of 25 orders ran and every one that fit in 1 or none failed
+#: (docs/guide/will-it-fit.md).
+LIKELY_SHARE = 0.1
+#: Batches past the largest one tried for ``may_fit``, at most.
+MAY_FIT_SPAN = 4
 
 
 def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequence[int] = (1, 2, 3),
@@ -309,9 +327,14 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
     outwards from the guess and then by bisection until batch ``b`` fits and ``b + 1`` does not.
     Each ``largest`` row then carries ``scaled_batch`` (the guess), ``largest_batch`` (the
     verified answer), ``probes`` (batch -> fits) and ``verified`` (False when ``max_probes``
-    recordings did not settle it; ``largest_batch`` is then the largest batch seen to fit), and
-    ``next_batch_borderline``: the next batch fails by less than one large segment
-    (:data:`BORDERLINE_MARGIN`) and may fit on the GPU."""
+    recordings did not settle it; ``largest_batch`` is then the largest batch seen to fit).
+
+    Each recording is replayed in ``orders`` segment orders (the simulator's own and
+    :data:`ORDERS` seeded shuffles), and a batch fits when it runs without a failed allocation
+    in at least :data:`LIKELY_SHARE` of them: ``largest_fits_in`` says in how many the answer
+    does, ``may_fit`` maps each later batch that fits in fewer (but some) orders to how many (up
+    to :data:`MAY_FIT_SPAN` batches on, stopping at the first that fits in none), and
+    ``next_batch_borderline`` says whether the next batch is one of them."""
     if not callable(fn):
         raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
     if len(batches) < 2:
@@ -339,25 +362,33 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
             # One recording at b answers for every policy.
             if b not in seen:
                 snap = record(b).snapshot()
-                seen[b] = (snap, {r["policy"]: r for r in replay(snap, _policies(policies), cap, None)})
+                seen[b] = (snap, {r["policy"]: r for r in replay(snap, _policies(policies), cap, None, ORDERS)})
             return seen[b][1]
 
+        need = max(1, math.ceil(LIKELY_SHARE * (ORDERS + 1)))
         for row in out.get("largest", []):
             pol = row["policy"]
-            _verify_largest(row, lambda b, p=pol: replayed(b)[p]["ooms"] == 0, max_probes)
+            _verify_largest(row, lambda b, p=pol: replayed(b)[p]["orders_fit"] >= need, max_probes)
             b = row["largest_batch"]
+            row["orders"] = ORDERS + 1
             # The figures of the verified batch and its successor, from their own replays.
             if b is not None:
-                row["peak_reserved_bytes"] = replayed(b)[pol]["peak_reserved_bytes"]
+                at_b = replayed(b)[pol]
+                row["peak_reserved_bytes"] = at_b["orders_fit_peak_reserved_bytes"] or at_b["peak_reserved_bytes"]
                 row["spare_bytes"] = cap - row["peak_reserved_bytes"]
+                row["largest_fits_in"] = at_b["orders_fit"]
             if b is not None and str(b + 1) in row["probes"]:
                 row["next_batch"] = b + 1
                 # Replayed on a device with room to spare: what it would reserve, not where it failed.
                 row["next_batch_needs_bytes"] = replay(seen[b + 1][0], [pol], 8 * cap, None)[0]["peak_reserved_bytes"]
-                # One large segment more and it fits: which cached blocks the retry path can
-                # release then depends on where the driver placed the segments, which no
-                # recording knows (docs/guide/will-it-fit.md), so b + 1 may fit on the GPU.
-                row["next_batch_borderline"] = replay(seen[b + 1][0], [pol], cap + BORDERLINE_MARGIN, None)[0]["ooms"] == 0
+            if b is not None and row["verified"]:
+                row["may_fit"] = {}
+                for nb in range(b + 1, b + 1 + MAY_FIT_SPAN):
+                    fit = replayed(nb)[pol]["orders_fit"]
+                    if fit == 0:
+                        break
+                    row["may_fit"][str(nb)] = fit
+                row["next_batch_borderline"] = str(b + 1) in row["may_fit"]
         out["headline"] = headline(out)
     return out
 

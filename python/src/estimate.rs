@@ -50,9 +50,10 @@ fn _estimate_scale(
     Ok(v.to_string())
 }
 
-/// The trace (bytes, name) replayed with each policy on a simulated GPU of `capacity` bytes.
+/// The trace (bytes, name) replayed with each policy on a simulated GPU of `capacity` bytes;
+/// with `orders` > 0 also in that many shuffled segment orders.
 #[pyfunction]
-#[pyo3(signature = (data, source, policies, capacity, config=None))]
+#[pyo3(signature = (data, source, policies, capacity, config=None, orders=0))]
 fn _estimate_replay(
     py: Python<'_>,
     data: Vec<u8>,
@@ -60,10 +61,11 @@ fn _estimate_replay(
     policies: Vec<String>,
     capacity: u64,
     config: Option<String>,
+    orders: u32,
 ) -> PyResult<String> {
     let t = traces(vec![(data, source)])?.remove(0);
     let v = py
-        .allow_threads(|| replay_report(&t, &policies, capacity, config))
+        .allow_threads(|| replay_report(&t, &policies, capacity, config, orders))
         .map_err(PyValueError::new_err)?;
     Ok(v.to_string())
 }

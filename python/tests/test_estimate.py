@@ -4,6 +4,7 @@ reason otherwise)."""
 
 import importlib.util
 import json
+import math
 import pickle
 import subprocess
 import sys
@@ -330,8 +331,10 @@ def test_largest_batch_is_verified_where_scaling_guesses_wrong():
     assert row["probes"][str(b)] is True and row["probes"][str(b + 1)] is False
     assert row["spare_bytes"] == (1 << 30) - row["peak_reserved_bytes"] >= 0
     assert row["next_batch"] == b + 1 and row["next_batch_needs_bytes"] > 1 << 30
-    # b + 1 adds 2b + 1 KiB and 1 MiB, far less than one large segment: it fits with one more.
-    assert row["next_batch_borderline"] is True and "may fit on the GPU" in r["headline"], r["headline"]
+    # No ties between equal free blocks here: capacity alone decides, in every segment order.
+    assert row["largest_fits_in"] == row["orders"] == est.ORDERS + 1, row
+    assert row["may_fit"] == {} and row["next_batch_borderline"] is False, row
+    assert "may fit" not in r["headline"], r["headline"]
     unverified = est.largest_batch(job, "1GiB", batches=(2, 4, 8), policies=["pytorch"], verify=False)
     assert unverified["largest"][0]["largest_batch"] == row["scaled_batch"]
     with pytest.raises(ValueError, match="max_probes"):
@@ -426,3 +429,68 @@ def test_the_largest_batch_search_says_when_it_ran_out_of_probes():
     est._verify_largest(row, lambda b: b <= 100_000, max_probes=4)
     assert not row["verified"] and len(row["probes"]) == 4
     assert row["largest_batch"] == max(int(b) for b, ok in row["probes"].items() if ok)
+
+
+def tie_trace(final: int) -> dict:
+    """Two cached 40 MiB blocks, one splitting a 100 MiB segment whose rest is live and one a
+    whole segment; a 40 MiB request takes the one at the lower address. Then ``final`` MiB
+    under a 200 MiB cap fits only if the whole segment stayed free for the retry to release."""
+    b = est.TraceBuilder()
+    b.alloc("p", 100 * MIB)
+    b.alloc("r", 40 * MIB)
+    b.free("p")
+    b.free("r")
+    b.alloc("a", 60 * MIB)
+    b.alloc("q", 40 * MIB)
+    b.alloc("z", final * MIB)
+    return b.snapshot()
+
+
+def test_replay_in_shuffled_segment_orders():
+    # Lowest first, the 100 MiB segment lies below the 40 MiB one, q splits it, and the retry
+    # releases the free 40 MiB segment: z fits. In a shuffled order either may lie lower.
+    row = est.replay(tie_trace(100), ["pytorch"], 200 * MIB, None, orders=24)[0]
+    assert row["ooms"] == 0 and row["orders"] == 25, row
+    assert 1 < row["orders_fit"] < 25, row  # some orders fit, some do not
+    assert row["orders_fit_peak_reserved_bytes"] == 200 * MIB, row
+    again = est.replay(tie_trace(100), ["pytorch"], 200 * MIB, None, orders=24)[0]
+    assert again["orders_fit"] == row["orders_fit"]  # seeded: the same orders each time
+    # Too large for any order: nothing fits.
+    none = est.replay(tie_trace(102), ["pytorch"], 200 * MIB, None, orders=24)[0]
+    assert none["ooms"] == 1 and none["orders_fit"] == 0, none
+    assert none["orders_fit_peak_reserved_bytes"] is None
+    assert "orders" not in est.replay(tie_trace(100), ["pytorch"], 200 * MIB)[0]
+    for bad in (-1, 1.5, True, 1 << 16):
+        with pytest.raises(ValueError, match="orders"):
+            est.replay(tie_trace(100), ["pytorch"], 200 * MIB, None, orders=bad)
+
+
+@needs_torch
+def test_largest_batch_counts_a_batch_that_fits_in_enough_segment_orders():
+    import torch
+
+    def job(batch):  # tie_trace with the whole 40 MiB segment made first: lowest first, z fails
+        r = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
+        p = torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
+        del r, p
+        a = torch.empty(60 * MIB, dtype=torch.uint8, device="cuda")
+        q = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
+        z = torch.empty((90 + batch) * MIB, dtype=torch.uint8, device="cuda")
+        del a, q, z
+
+    assert est.estimate(job, 10, device_memory=200 * MIB, policies=["pytorch"]).fits() is False
+    r = est.largest_batch(job, 200 * MIB, batches=(2, 4, 8), policies=["pytorch"])
+    row = r["largest"][0]
+    need = math.ceil(est.LIKELY_SHARE * row["orders"])
+    assert row["verified"] and row["largest_batch"] == 10, row
+    assert need <= row["largest_fits_in"] < row["orders"], row
+    assert row["spare_bytes"] == 0 and row["may_fit"] == {} and not row["next_batch_borderline"], row
+
+
+def test_headline_names_the_batches_that_may_fit():
+    row = {"policy": "pytorch", "capacity_bytes": 24 << 30, "largest_batch": 635, "spare_bytes": 13 * MIB,
+           "orders": 25, "may_fit": {"636": 6, "637": 1}}
+    h = est.headline({"largest": [row]})
+    assert "635 fits with 13.00 MiB to spare" in h and "batches 636-637 may fit" in h, h
+    assert "636 in 6 of 25, 637 in 1 of 25" in h, h
+    assert "may fit" not in est.headline({"largest": [dict(row, may_fit={})]})

@@ -84,6 +84,11 @@ enum Command {
         /// later steps see it.
         #[arg(long)]
         warm: bool,
+        /// Place every segment on the simulated GPU instead of at the trace's recorded
+        /// addresses: lowest (the lowest free range) or shuffled:SEED (a seeded random order,
+        /// as the driver's order changes between runs).
+        #[arg(long)]
+        placement: Option<cudamem_device::sim::Placement>,
         /// Print exactly one JSON object.
         #[arg(long)]
         json: bool,
@@ -197,6 +202,7 @@ fn main() -> ExitCode {
             repeats,
             device,
             warm,
+            placement,
             json,
         } => replay_cmd::run(
             &trace,
@@ -207,6 +213,7 @@ fn main() -> ExitCode {
                 repeats,
                 device,
                 warm,
+                placement,
             },
             json,
         ),

@@ -66,6 +66,7 @@ pub(crate) struct ReplayArgs {
     pub(crate) repeats: usize,
     pub(crate) device: String,
     pub(crate) warm: bool,
+    pub(crate) placement: Option<cudamem_device::sim::Placement>,
 }
 
 pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResult {
@@ -74,6 +75,9 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
     }
     if a.device != "sim" && a.capacity.is_some() {
         return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
+    }
+    if a.device != "sim" && a.placement.is_some() {
+        return Err("--placement places segments on the simulated GPU; a real device's driver places them".into());
     }
     // A spinner on stderr while loading and replaying; hidden with --json, and by indicatif when
     // stderr is not a terminal. It only draws after a second, so quick runs print nothing.
@@ -97,7 +101,9 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
         config: a.config,
         capacity: a.capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
         repeats: a.repeats,
-        plan_addresses: None,
+        plan_addresses: a.placement.map(|_| false),
+        placement: a.placement.unwrap_or_default(),
+        shrink_on_oom: Vec::new(),
         deferred_frees: a.device == "sim",
         device: a.device,
         warm: a.warm,

@@ -6,7 +6,9 @@
 //!   `malloc` and `map` consume it, `free` and `unmap` return it; asking for more than is free is
 //!   [`DeviceError::OutOfMemory`](crate::DeviceError::OutOfMemory), exactly where `cudaMalloc` would fail.
 //! * **Addresses** look like real ones (`0x7f..`), 2 MiB aligned, handed out first-fit from a
-//!   virtual address space so freed ranges are reused as the driver does. A replay can
+//!   virtual address space so freed ranges are reused as the driver does, or at seeded random
+//!   places ([`Placement::Shuffled`]: the driver's order of segments is not predictable, and
+//!   PyTorch's best fit breaks ties between equal free blocks by address). A replay can
 //!   [`plan`](SimDevice::plan_addresses) the addresses of the next `malloc`s, so that a trace's own
 //!   segment addresses (and with them PyTorch's tie-breaks between equal-size blocks) are reproduced.
 //! * **Events** complete when the caller says so ([`EventMode::Manual`]: [`SimDevice::complete_stream`],
@@ -37,6 +39,7 @@ mod tests;
 mod vmm;
 
 pub use faults::{FaultOp, FaultOpKey, FaultPlan};
+pub use vmm::Placement;
 use vmm::{va_base, Reservation, VA_SIZE};
 
 /// An H200's memory as `cudaMemGetInfo` reports its total.
@@ -65,6 +68,8 @@ pub struct SimConfig {
     pub granularity: u64,
     /// When events complete.
     pub event_mode: EventMode,
+    /// Where new segments and reservations go in the address space.
+    pub placement: Placement,
 }
 
 impl Default for SimConfig {
@@ -74,6 +79,7 @@ impl Default for SimConfig {
             capacity: H200_CAPACITY,
             granularity: DEFAULT_GRANULARITY,
             event_mode: EventMode::Immediate,
+            placement: Placement::LowestFree,
         }
     }
 }
@@ -120,6 +126,9 @@ struct SimState {
     faults: FaultPlan,
     op_calls: HashMap<FaultOp, u64>,
     rng: u64,
+    /// State of [`Placement::Shuffled`]'s generator.
+    placement_rng: u64,
+    stack_tops: HashMap<u8, u64>,
     counters: DeviceCounters,
     /// Bytes written, by chunk number (address / chunk size); see the module documentation.
     bytes: BTreeMap<u64, Box<[u8]>>,
@@ -143,6 +152,9 @@ impl SimDevice {
     pub fn new(config: SimConfig) -> Self {
         let mut state = SimState::default();
         state.va_free.insert(va_base(config.index), VA_SIZE);
+        if let Placement::Shuffled(seed) = config.placement {
+            state.placement_rng = seed;
+        }
         SimDevice {
             config,
             state: Mutex::new(state),

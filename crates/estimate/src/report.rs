@@ -2,7 +2,7 @@
 //! package's `cudamem.estimate.scale`), and the replay of one trace under several policies, for
 //! the GPU-free estimate. The keys are those of `cudamem scale --json`.
 
-use cudamem_replay::{replay, ReplayOptions};
+use cudamem_replay::{replay, Placement, ReplayOptions};
 use cudamem_trace::Trace;
 use serde_json::{json, Value};
 
@@ -53,10 +53,17 @@ pub fn quality_json(q: &Quality) -> Value {
     })
 }
 
+/// Frame names the GPU-free recorder (`cudamem.estimate`) gives the cuDNN workspaces it models.
+/// PyTorch catches an out-of-memory error on them and asks for less (cuDNN's benchmark halves
+/// its trial workspace; a plan whose workspace does not fit gives way to the next), so the
+/// replays of an estimate shrink them instead of failing.
+pub const SHRINKING_FRAMES: [&str; 2] = ["cuDNN workspace", "cuDNN benchmark workspace"];
+
 fn opts(policy: &str, config: &Option<String>) -> ReplayOptions {
     ReplayOptions {
         policy: policy.to_string(),
         config: config.clone(),
+        shrink_on_oom: SHRINKING_FRAMES.iter().map(|s| s.to_string()).collect(),
         ..ReplayOptions::default()
     }
 }
@@ -96,25 +103,34 @@ pub fn scale_report(traces: &[Trace], r: &ScaleRequest) -> Result<Value, String>
 }
 
 /// The trace replayed with each policy on `capacity`: peaks, device allocations and failed
-/// allocations per policy.
+/// allocations per policy, with segments placed lowest first. With `orders` > 0 each row also
+/// says in how many of `orders` + 1 segment orders (that one and `orders` seeded shuffles) the
+/// trace ran without a failed allocation: near a cap, whether the out-of-memory retry can
+/// release enough depends on which segments hold the live blocks, and PyTorch picks between
+/// equal free blocks by address, which the driver chooses.
 pub fn replay_report(
     trace: &Trace,
     policies: &[String],
     capacity: u64,
     config: Option<String>,
+    orders: u32,
 ) -> Result<Value, String> {
-    let mut rows = Vec::new();
-    for p in policies {
-        let res = replay(
+    let run = |p: &str, placement: Placement| {
+        replay(
             trace,
             &ReplayOptions {
                 capacity,
                 repeats: 0,
                 plan_addresses: Some(false),
+                placement,
                 ..opts(p, &config)
             },
-        )?;
-        rows.push(json!({
+        )
+    };
+    let mut rows = Vec::new();
+    for p in policies {
+        let res = run(p, Placement::LowestFree)?;
+        let mut row = json!({
             "policy": p,
             "capacity_bytes": capacity,
             "peak_reserved_bytes": res.max(|d| d.peak_reserved_bytes),
@@ -122,7 +138,54 @@ pub fn replay_report(
             "peak_allocated_bytes": res.max(|d| d.peak_allocated_bytes),
             "device_allocs": res.total(|d| d.device_allocs),
             "ooms": res.total(|d| d.ooms),
-        }));
+        });
+        if orders > 0 {
+            let lowest = (res.total(|d| d.ooms) == 0).then(|| res.max(|d| d.peak_reserved_bytes));
+            let (fit, peak) = shuffled_fits(orders, |seed| run(p, Placement::Shuffled(seed)))?;
+            row["orders"] = json!(orders + 1);
+            row["orders_fit"] = json!(fit + u32::from(lowest.is_some()));
+            // What the batch reserves where it fits: the most over the orders it fits in.
+            row["orders_fit_peak_reserved_bytes"] = json!(peak.max(lowest));
+        }
+        rows.push(row);
     }
     Ok(Value::Array(rows))
+}
+
+/// How many of the seeds 1..=`orders` replay without a failed allocation, and the highest peak
+/// reserved among those, the replays spread over the machine's cores (each is independent).
+fn shuffled_fits(
+    orders: u32,
+    run: impl Fn(u64) -> Result<cudamem_replay::ReplayResult, String> + Sync,
+) -> Result<(u32, Option<u64>), String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(orders as usize);
+    let parts: Vec<Result<(u32, Option<u64>), String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads as u64)
+            .map(|t| {
+                let run = &run;
+                scope.spawn(move || {
+                    let (mut fit, mut peak) = (0, None);
+                    for seed in (1 + t..=u64::from(orders)).step_by(threads) {
+                        let r = run(seed)?;
+                        if r.total(|d| d.ooms) == 0 {
+                            fit += 1;
+                            peak = peak.max(Some(r.max(|d| d.peak_reserved_bytes)));
+                        }
+                    }
+                    Ok((fit, peak))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a replay thread panicked".to_string())))
+            .collect()
+    });
+    let (mut fit, mut peak) = (0, None);
+    for part in parts {
+        let (f, p) = part?;
+        fit += f;
+        peak = peak.max(p);
+    }
+    Ok((fit, peak))
 }

@@ -278,7 +278,7 @@ fn pass(
     };
     for op in &p.ops {
         match *op {
-            Op::Malloc { size, stream, slot } => {
+            Op::Malloc { size, stream, slot, .. } => {
                 t.ops += 1;
                 let s = map(stream);
                 match alloc.malloc(size, s) {

@@ -45,3 +45,5 @@ pub use run::{
     ReplayResult,
 };
 pub use target::{new_allocator, Target};
+/// Where the simulated GPU places segments ([`ReplayOptions::placement`]).
+pub use cudamem_device::sim::Placement;

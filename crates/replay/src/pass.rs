@@ -75,7 +75,12 @@ pub fn run_observed<O: Observer>(
     for (i, op) in p.ops.iter().enumerate() {
         obs.before(i, e);
         match *op {
-            Op::Malloc { size, stream, slot } => match e.malloc(size, target.stream(stream)) {
+            Op::Malloc {
+                size,
+                stream,
+                slot,
+                shrink,
+            } => match e.malloc(size, target.stream(stream)) {
                 Ok(ptr) => {
                     slots[slot as usize] = ptr;
                     if capture && e.stats().reserved_bytes.all().current > best {
@@ -83,6 +88,11 @@ pub fn run_observed<O: Observer>(
                         peak = Some(e.stats());
                     }
                     obs.after_malloc(i, e, Some(ptr));
+                }
+                Err(err) if err.is_out_of_memory() && shrink => {
+                    let ptr = malloc_halving(e, size / 2, target.stream(stream));
+                    slots[slot as usize] = ptr.unwrap_or(0);
+                    obs.after_malloc(i, e, ptr);
                 }
                 Err(err) if err.is_out_of_memory() => {
                     ooms += 1;
@@ -109,6 +119,20 @@ pub fn run_observed<O: Observer>(
         }
     }
     (t.elapsed().as_nanos() as u64, ooms, peak)
+}
+
+/// The first of `size`, `size / 2`, ... bytes that `e` can allocate on `stream`; `None` when
+/// not even one byte fits (the caller then goes without).
+#[cold]
+fn malloc_halving(e: &mut Engine, mut size: u64, stream: StreamId) -> Option<u64> {
+    while size > 0 {
+        match e.malloc(size, stream) {
+            Ok(ptr) => return Some(ptr),
+            Err(err) if err.is_out_of_memory() => size /= 2,
+            Err(err) => panic!("replay: device failure: {err}"),
+        }
+    }
+    None
 }
 
 /// Frees what a pass left live and completes the work still pending on the simulated device

@@ -25,6 +25,11 @@ pub enum Op {
         stream: u64,
         /// Slot receiving the address.
         slot: u32,
+        /// When `size` does not fit, ask for half as much, down to nothing, instead of failing:
+        /// the caller catches the out-of-memory error and makes do with less (cuDNN's
+        /// benchmark halves its trial workspace; a plan whose workspace does not fit gives way
+        /// to one that needs less). See [`Program::mark_shrinking`].
+        shrink: bool,
     },
     /// Free the allocation in `slot`; with `deferred`, its reuse waits for replay stream
     /// `deferred` to complete.
@@ -110,6 +115,7 @@ impl Program {
                         size: e.size,
                         stream: e.stream,
                         slot,
+                        shrink: false,
                     };
                     p.push(op, i, e.stack);
                     p.trace_ops += 1;
@@ -153,6 +159,21 @@ impl Program {
             }
         }
         p
+    }
+
+    /// Makes the allocations whose stack is one of `stacks` shrink when they do not fit
+    /// ([`Op::Malloc`]'s `shrink`); returns how many there are.
+    pub fn mark_shrinking(&mut self, stacks: &[StackId]) -> usize {
+        let mut n = 0;
+        for (op, stack) in self.ops.iter_mut().zip(&self.op_stacks) {
+            if let (Op::Malloc { shrink, .. }, Some(s)) = (op, stack) {
+                if stacks.contains(s) {
+                    *shrink = true;
+                    n += 1;
+                }
+            }
+        }
+        n
     }
 
     fn push(&mut self, op: Op, event: usize, stack: Option<StackId>) {

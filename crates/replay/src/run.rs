@@ -1,7 +1,7 @@
 //! Running a [`Program`] on a simulated device, timing it, and searching the smallest capacity.
 
 use cudamem_alloc::{AllocatorConfig, DeviceStats};
-use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
+use cudamem_device::sim::{Placement, SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, DeviceCounters};
 
 use cudamem_trace::Trace;
@@ -36,6 +36,12 @@ pub struct ReplayOptions {
     /// (default). A real device cannot hold a stream back until then, so there such frees take
     /// effect at once; turn this off to replay the simulated device the same way.
     pub deferred_frees: bool,
+    /// Where the simulated GPU puts segments that have no planned address.
+    pub placement: Placement,
+    /// Allocations whose innermost frame has one of these names shrink by halves when they do
+    /// not fit instead of failing ([`Op::Malloc`](crate::Op::Malloc)'s `shrink`): callers that
+    /// catch the out-of-memory error and ask for less.
+    pub shrink_on_oom: Vec<String>,
 }
 
 impl Default for ReplayOptions {
@@ -49,6 +55,8 @@ impl Default for ReplayOptions {
             device: "sim".into(),
             warm: false,
             deferred_frees: true,
+            placement: Placement::LowestFree,
+            shrink_on_oom: Vec::new(),
         }
     }
 }
@@ -289,8 +297,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, Strin
     let cfg = effective_config(trace, opts)?;
     let own = opts.config.as_deref().is_none_or(|s| s.trim().is_empty());
     let mut devices = Vec::new();
+    let shrinking = shrinking_stacks(trace, &opts.shrink_on_oom);
     for dt in &trace.devices {
-        let p = Program::compile(dt);
+        let mut p = Program::compile(dt);
+        p.mark_shrinking(&shrinking);
         devices.push(replay_device(&p, &cfg, opts, own)?);
     }
     let config = settings_string(&cfg, &opts.policy);
@@ -301,6 +311,17 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions) -> Result<ReplayResult, Strin
         capacity: opts.capacity,
         devices,
     })
+}
+
+/// The stacks of `trace` whose innermost frame is named one of `names`.
+fn shrinking_stacks(trace: &Trace, names: &[String]) -> Vec<cudamem_trace::StackId> {
+    if names.is_empty() {
+        return Vec::new();
+    }
+    (0..trace.stacks.len())
+        .filter(|&i| trace.stacks[i].frames.first().is_some_and(|f| names.contains(&f.name)))
+        .map(|i| i as cudamem_trace::StackId)
+        .collect()
 }
 
 /// The smallest capacity (a multiple of 2 MiB) on which every device of the trace replays

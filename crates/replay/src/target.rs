@@ -101,6 +101,7 @@ pub fn new_allocator(
             index: p.device,
             capacity: opts.capacity,
             event_mode: EventMode::Manual,
+            placement: opts.placement,
             ..SimConfig::default()
         }));
         if plan {

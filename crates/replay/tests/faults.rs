@@ -178,7 +178,7 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
         let mut e = a.lock();
         for (i, op) in p.ops.iter().enumerate() {
             match *op {
-                Op::Malloc { size, stream, slot } => {
+                Op::Malloc { size, stream, slot, .. } => {
                     let before = dev.total();
                     match e.malloc(size, StreamId(stream)) {
                         Ok(0) => assert_eq!(size, 0, "{what}: null pointer"),

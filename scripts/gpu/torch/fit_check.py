@@ -212,7 +212,11 @@ def check(name, batches, at, jobs, tmp, with_cudamem, timeout, keep_traces=False
             b = gl.get("largest_batch") if gl.get("verified") else lg["largest_batch"]
             r.setdefault("predicted", {})[label] = {"batch": b, "by": "gpu_free" if gl.get("verified") else "scale"}
             if b is not None:
-                trials += [(label, b, cap), (label, b + 1, cap)]
+                # The predicted batch, the next one, and every batch the estimate says may fit
+                # as the driver places segments, with the first one past them.
+                may = sorted(int(m) for m in gl.get("may_fit", {}) if gl.get("verified"))
+                later = sorted({b + 1, *may, *(m + 1 for m in may[-1:])})
+                trials += [(label, x, cap) for x in [b] + later]
     except ValueError as e:
         r["scale"] = {"error": str(e)}
         return r
@@ -242,15 +246,20 @@ def verdict(r):
     out["scale_within_2pct"] = sc.get("pytorch_error") is not None and abs(sc["pytorch_error"]) <= 0.02
     for label, _ in CAPACITIES:
         runs = r.get("capped", {}).get(label, [])
-        out[f"{label}_batch_fits_next_fails"] = (len(runs) == 2 and runs[0].get("ok") is True
-                                                 and runs[1].get("ok") is False)
+        ok = {x.get("batch"): x.get("ok") for x in runs}
+        b = r.get("predicted", {}).get(label, {}).get("batch")
+        out[f"{label}_batch_fits_next_fails"] = ok.get(b) is True and ok.get(None if b is None else b + 1) is False
+        # Past the batches the estimate says may fit, every one tried failed on the GPU.
+        may = [int(m) for m in r.get("gpu_free", {}).get("largest", {}).get(label, {}).get("may_fit", {})]
+        past = [x for x in ok if b is not None and x > max([b] + may)]
+        out[f"{label}_fails_past_may_fit"] = bool(past) and all(ok[x] is False for x in past)
     return out
 
 
 def table(results):
     rows = ["| workload | batch | measured peak reserved GiB | GPU-free estimate GiB (error) | scaling estimate GiB "
-            "(error) | scaling confidence | 24 GiB: scaled guess; predicted batch / runs / next fails | 40 GiB: "
-            "scaled guess; predicted batch / runs / next fails |", "|---|---|---|---|---|---|---|---|"]
+            "(error) | scaling confidence | 24 GiB: scaled guess; predicted batch / on the GPU | 40 GiB: "
+            "scaled guess; predicted batch / on the GPU |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "skipped" in r:
             rows.append(f"| {r['workload']} | {r.get('at', '')} | skipped: {r['skipped']} | | | | | |")
@@ -268,14 +277,15 @@ def table(results):
             guess = r.get("largest", {}).get(label, {}).get("largest_batch", "-")
             pred = r.get("predicted", {}).get(label, {})
             by = "" if pred.get("by") == "gpu_free" else " (scaled)"
-            if pred.get("by") == "gpu_free" and r.get("gpu_free", {}).get("largest", {}).get(label, {}).get(
-                    "next_batch_borderline"):
-                by += " (next borderline)"
-            if len(runs) == 2:
-                # ok is False for an out-of-memory error; a run that failed otherwise has no ok.
-                word = {True: "yes", False: "no", None: "error"}
-                fits, nxt = runs[0].get("ok"), runs[1].get("ok")
-                caps.append(f"{guess}; {pred.get('batch')}{by} / {word[fits]} / {word[None if nxt is None else not nxt]}")
+            gl = r.get("gpu_free", {}).get("largest", {}).get(label, {})
+            if pred.get("by") == "gpu_free" and gl.get("may_fit"):
+                may = sorted(int(m) for m in gl["may_fit"])
+                by += f" (may fit: {may[0]}{'-' + str(may[-1]) if len(may) > 1 else ''})"
+            # ok is False for an out-of-memory error; a run that failed otherwise has no ok.
+            word = {True: "runs", False: "fails", None: "error"}
+            if runs:
+                seen = ", ".join(f"{x.get('batch')} {word[x.get('ok')]}" for x in runs)
+                caps.append(f"{guess}; {pred.get('batch')}{by} / {seen}")
             else:
                 caps.append(f"{guess}; {pred.get('batch', '-')}{by}")
         m = gib(meas.get("peak_reserved")) if meas.get("ok") else f"error: {str(meas.get('error'))[:120]}"

@@ -37,7 +37,7 @@ impl Device for SimDevice {
         if size == 0 || s.used.checked_add(size).is_none_or(|u| u > self.config.capacity) {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
-        let ptr = Self::take_va(&mut s, size, MALLOC_ALIGN).ok_or(DeviceError::OutOfMemory { requested: size })?;
+        let ptr = self.take_va(&mut s, size, MALLOC_ALIGN).ok_or(DeviceError::OutOfMemory { requested: size })?;
         s.used += size;
         s.segments.insert(ptr, size);
         s.counters.mallocs += 1;
@@ -75,7 +75,7 @@ impl Device for SimDevice {
             )));
         }
         let mut s = self.lock();
-        let ptr = Self::take_va(&mut s, size, g).ok_or_else(|| DeviceError::Driver {
+        let ptr = self.take_va(&mut s, size, g).ok_or_else(|| DeviceError::Driver {
             call: "cuMemAddressReserve",
             name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         })?;

@@ -17,6 +17,55 @@ fn capacity_is_enforced_and_returned() {
     d.check().unwrap();
 }
 
+/// The addresses of `n` segments of 2 to 40 MiB on a device placing them `placement`.
+fn placed(placement: Placement, n: u64) -> Vec<u64> {
+    let d = SimDevice::new(SimConfig {
+        placement,
+        ..SimConfig::default()
+    });
+    let addrs: Vec<u64> = (0..n).map(|i| d.malloc((2 + i % 20 * 2) << 20).unwrap()).collect();
+    d.check().unwrap();
+    addrs
+}
+
+fn ascending(a: &[u64]) -> bool {
+    a.windows(2).all(|w| w[0] < w[1])
+}
+
+#[test]
+fn placements_order_segments_as_they_say() {
+    assert!(ascending(&placed(Placement::LowestFree, 40)));
+    let mut highest = placed(Placement::HighestFree, 40);
+    highest.reverse();
+    assert!(ascending(&highest), "highest first: each segment below the one before");
+    let one = placed(Placement::Shuffled(7), 40);
+    assert_eq!(one, placed(Placement::Shuffled(7), 40), "one seed, one sequence of addresses");
+    assert_ne!(one, placed(Placement::Shuffled(8), 40));
+    assert!(!ascending(&one) && one.iter().all(|a| a % (2 << 20) == 0));
+    // A shuffled device still reuses a freed range for a planned address and keeps capacity.
+    let d = SimDevice::new(SimConfig {
+        capacity: 10 << 20,
+        placement: Placement::Shuffled(1),
+        ..SimConfig::default()
+    });
+    let a = d.malloc(6 << 20).unwrap();
+    assert!(d.malloc(6 << 20).unwrap_err().is_out_of_memory());
+    d.free(a, 6 << 20).unwrap();
+    d.plan_addresses([a]);
+    assert_eq!(d.malloc(6 << 20).unwrap(), a);
+}
+
+#[test]
+fn placements_parse_and_print() {
+    for text in ["lowest", "highest", "shuffled:0", "shuffled:18446744073709551615"] {
+        assert_eq!(text.parse::<Placement>().unwrap().to_string(), text);
+    }
+    for bad in ["", "random", "shuffled", "shuffled:", "shuffled:-1", "shuffled:x", "lowest:1"] {
+        let e = bad.parse::<Placement>().unwrap_err();
+        assert!(e.contains("placement"), "{bad}: {e}");
+    }
+}
+
 #[test]
 fn bad_free_is_an_error_and_changes_nothing() {
     let d = SimDevice::default();
