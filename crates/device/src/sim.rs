@@ -128,7 +128,6 @@ struct SimState {
     rng: u64,
     /// State of [`Placement::Shuffled`]'s generator.
     placement_rng: u64,
-    stack_tops: HashMap<u8, u64>,
     counters: DeviceCounters,
     /// Bytes written, by chunk number (address / chunk size); see the module documentation.
     bytes: BTreeMap<u64, Box<[u8]>>,

@@ -158,7 +158,9 @@ fn shuffled_fits(
     orders: u32,
     run: impl Fn(u64) -> Result<cudamem_replay::ReplayResult, String> + Sync,
 ) -> Result<(u32, Option<u64>), String> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(orders as usize);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(orders as usize);
     let parts: Vec<Result<(u32, Option<u64>), String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads as u64)
             .map(|t| {

@@ -38,6 +38,8 @@ mod program;
 mod run;
 mod target;
 
+/// Where the simulated GPU places segments ([`ReplayOptions::placement`]).
+pub use cudamem_device::sim::Placement;
 pub use pass::{free_leftovers, run_observed, run_once, Observer, Quiet, DEFERRED_STREAM_BASE};
 pub use program::{Op, Program};
 pub use run::{
@@ -45,5 +47,3 @@ pub use run::{
     ReplayResult,
 };
 pub use target::{new_allocator, Target};
-/// Where the simulated GPU places segments ([`ReplayOptions::placement`]).
-pub use cudamem_device::sim::Placement;

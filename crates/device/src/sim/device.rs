@@ -37,7 +37,9 @@ impl Device for SimDevice {
         if size == 0 || s.used.checked_add(size).is_none_or(|u| u > self.config.capacity) {
             return Err(DeviceError::OutOfMemory { requested: size });
         }
-        let ptr = self.take_va(&mut s, size, MALLOC_ALIGN).ok_or(DeviceError::OutOfMemory { requested: size })?;
+        let ptr = self
+            .take_va(&mut s, size, MALLOC_ALIGN)
+            .ok_or(DeviceError::OutOfMemory { requested: size })?;
         s.used += size;
         s.segments.insert(ptr, size);
         s.counters.mallocs += 1;

@@ -39,7 +39,11 @@ fn placements_order_segments_as_they_say() {
     highest.reverse();
     assert!(ascending(&highest), "highest first: each segment below the one before");
     let one = placed(Placement::Shuffled(7), 40);
-    assert_eq!(one, placed(Placement::Shuffled(7), 40), "one seed, one sequence of addresses");
+    assert_eq!(
+        one,
+        placed(Placement::Shuffled(7), 40),
+        "one seed, one sequence of addresses"
+    );
     assert_ne!(one, placed(Placement::Shuffled(8), 40));
     assert!(!ascending(&one) && one.iter().all(|a| a % (2 << 20) == 0));
     // A shuffled device still reuses a freed range for a planned address and keeps capacity.
@@ -60,7 +64,15 @@ fn placements_parse_and_print() {
     for text in ["lowest", "highest", "shuffled:0", "shuffled:18446744073709551615"] {
         assert_eq!(text.parse::<Placement>().unwrap().to_string(), text);
     }
-    for bad in ["", "random", "shuffled", "shuffled:", "shuffled:-1", "shuffled:x", "lowest:1"] {
+    for bad in [
+        "",
+        "random",
+        "shuffled",
+        "shuffled:",
+        "shuffled:-1",
+        "shuffled:x",
+        "lowest:1",
+    ] {
         let e = bad.parse::<Placement>().unwrap_err();
         assert!(e.contains("placement"), "{bad}: {e}");
     }

@@ -37,8 +37,6 @@ pub enum Placement {
     HighestFree,
     /// A random free place drawn from this seed's generator, so segments lie in a random order.
     Shuffled(u64),
-    /// Two top-down stacks taken in turn, the first segment between them.
-    TwoStacks,
 }
 
 impl std::str::FromStr for Placement {
@@ -49,12 +47,13 @@ impl std::str::FromStr for Placement {
         match text.split_once(':') {
             None if text == "lowest" => Ok(Placement::LowestFree),
             None if text == "highest" => Ok(Placement::HighestFree),
-            None if text == "twostacks" => Ok(Placement::TwoStacks),
             Some(("shuffled", seed)) => seed
                 .parse()
                 .map(Placement::Shuffled)
                 .map_err(|_| format!("placement '{text}': the seed must be a non-negative integer")),
-            _ => Err(format!("unknown placement '{text}' (use lowest, highest or shuffled:SEED)")),
+            _ => Err(format!(
+                "unknown placement '{text}' (use lowest, highest or shuffled:SEED)"
+            )),
         }
     }
 }
@@ -64,7 +63,6 @@ impl std::fmt::Display for Placement {
         match self {
             Placement::LowestFree => write!(f, "lowest"),
             Placement::HighestFree => write!(f, "highest"),
-            Placement::TwoStacks => write!(f, "twostacks"),
             Placement::Shuffled(seed) => write!(f, "shuffled:{seed}"),
         }
     }
@@ -114,26 +112,6 @@ impl SimDevice {
                 if Self::carve(s, addr, size) {
                     return Some(addr);
                 }
-            }
-        }
-        if self.config.placement == Placement::TwoStacks {
-            let base = va_base(self.config.index);
-            let n = s.placement_rng;
-            s.placement_rng += 1;
-            let mid = base + SHUFFLE_SPAN;
-            let top = if n == 0 {
-                mid + size.div_ceil(align) * align
-            } else if n % 2 == 1 {
-                *s.stack_tops.entry(0).or_insert(mid + SHUFFLE_SPAN)
-            } else {
-                *s.stack_tops.entry(1).or_insert(mid)
-            };
-            let a = (top - size) / align * align;
-            if Self::carve(s, a, size) {
-                if n > 0 {
-                    s.stack_tops.insert((n % 2 == 0) as u8, a);
-                }
-                return Some(a);
             }
         }
         if self.config.placement == Placement::HighestFree {
