@@ -6,7 +6,7 @@
 //! GPU of a given capacity, with how much to spare.
 //!
 //! ## How
-//! 1. **Align** ([`align`]): each trace's allocation events become a signature: the order of
+//! 1. **Align** ([`align`](mod@align)): each trace's allocation events become a signature: the order of
 //!    allocs, frees (naming the alloc they free) and cache releases, with streams by order of
 //!    first use. When all traces have the same signature, the `k`-th allocation of one is the
 //!    `k`-th of every other: the alignment is exact. Otherwise allocations are matched by their

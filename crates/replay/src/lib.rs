@@ -18,12 +18,16 @@
 //! * Other segment entries, `oom`, `snapshot` and annotations are the recorded allocator's own
 //!   output: they are compared against, not replayed.
 //!
-//! An allocation that fails in the replay is counted in `ooms`; its frees are skipped.
+//! An allocation that fails in the replay is counted in `ooms`; its frees are skipped. One whose
+//! innermost frame is named in [`ReplayOptions::shrink_on_oom`] asks for half as much, down to
+//! nothing, instead (a caller that catches the error and makes do with less).
 //!
 //! ## Fidelity
 //! With the `pytorch` policy and the trace's own settings, new segments get the addresses the
 //! trace's `segment_alloc` entries carry (see `SimDevice::plan_addresses`), so ties between
 //! equal-size free blocks break as they did in PyTorch and the segment history is reproduced.
+//! Other segments go where [`ReplayOptions::placement`] says: the driver's own order is not
+//! known without a trace, and it changes from run to run.
 //!
 //! ## Where each part lives
 //! `program.rs`: the compiler ([`Program::compile`]), which also keeps each op's trace event and
