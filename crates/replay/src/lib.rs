@@ -1,7 +1,7 @@
 //! # Trace replay: a recorded job's allocations, re-run through cudamem
 //!
 //! A PyTorch memory snapshot (or an RMM log) records every `alloc` and free of a job. Replaying
-//! it through a [`CachingAllocator`] on a simulated GPU answers "what would this job have
+//! it through a [`CachingAllocator`](cudamem_alloc::CachingAllocator) on a simulated GPU answers "what would this job have
 //! reserved with another policy, another configuration, or another GPU" without the GPU.
 //!
 //! ## How a trace becomes calls

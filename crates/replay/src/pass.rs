@@ -53,7 +53,7 @@ pub fn run_once(
     run_observed(p, e, target, slots, capture, &mut Quiet)
 }
 
-/// [`run_once`], telling `obs` of every op (see the [module documentation](self)).
+/// [`run_once`], telling `obs` of every op (see the documentation of `pass.rs`).
 #[inline(always)]
 pub fn run_observed<O: Observer>(
     p: &Program,

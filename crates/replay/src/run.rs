@@ -187,7 +187,7 @@ fn sim_address_space_fits(p: &Program, capacity: u64) -> bool {
 }
 
 /// Refuses, before anything is replayed, a simulated capacity the simulated device cannot
-/// serve: every range of [`address_space_needed`] must fit in its address space. The message
+/// serve: every range of `address_space_needed` must fit in its address space. The message
 /// names the largest capacity (to 1 GiB) that this trace's device can be replayed with.
 pub fn check_sim_capacity(p: &Program, capacity: u64) -> Result<(), String> {
     if sim_address_space_fits(p, capacity) {
