@@ -301,15 +301,14 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)
 
 
-#: Shuffled segment orders each candidate batch is replayed in, beside the simulator's own.
-ORDERS = 24
-#: The share of segment orders a batch must fit in to count as fitting. Near the cap, whether
-#: PyTorch's out-of-memory retry can release enough depends on which segments hold the live
-#: blocks, and PyTorch picks between equal free blocks by address, which the driver chooses
-#: (its order differs between two runs of one program). On the H200 every batch that fit in 6
-#: or more of 25 orders ran and every one that fit in 1 or none failed
+#: Shuffled segment orders each candidate batch is replayed in, beside the simulator's own, and
+#: the share of all orders a batch must fit in to count as fitting (cudamem-estimate's
+#: ``orders`` module, which ``cudamem scale`` uses too). Near the cap, whether PyTorch's
+#: out-of-memory retry can release enough depends on which segments hold the live blocks, and
+#: PyTorch picks between equal free blocks by address, which the driver chooses (its order
+#: differs between two runs of one program). The share is set from H200 runs
 #: (docs/guide/will-it-fit.md).
-LIKELY_SHARE = 0.1
+ORDERS, LIKELY_SHARE = _cudamem._estimate_orders()
 #: Batches past the largest one tried for ``may_fit``, at most.
 MAY_FIT_SPAN = 4
 
@@ -365,7 +364,7 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
                 seen[b] = (snap, {r["policy"]: r for r in replay(snap, _policies(policies), cap, None, ORDERS)})
             return seen[b][1]
 
-        need = max(1, math.ceil(LIKELY_SHARE * (ORDERS + 1)))
+        need = max(1, math.ceil(LIKELY_SHARE * (ORDERS + 1)))  # as OrdersFit::likely
         for row in out.get("largest", []):
             pol = row["policy"]
             _verify_largest(row, lambda b, p=pol: replayed(b)[p]["orders_fit"] >= need, max_probes)

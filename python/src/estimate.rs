@@ -5,7 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use cudamem_estimate::{gpu_capacity, replay_report, scale_report, ScaleRequest};
+use cudamem_estimate::{gpu_capacity, replay_report, scale_report, ScaleRequest, LIKELY_SHARE, ORDERS};
 
 fn traces(data: Vec<(Vec<u8>, String)>) -> PyResult<Vec<cudamem_trace::Trace>> {
     data.iter()
@@ -70,10 +70,17 @@ fn _estimate_replay(
     Ok(v.to_string())
 }
 
+/// The shuffled segment orders an estimate replays in, and the share it must fit in.
+#[pyfunction]
+fn _estimate_orders() -> (u32, f64) {
+    (ORDERS, LIKELY_SHARE)
+}
+
 /// Adds the functions to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_estimate_capacity, m)?)?;
     m.add_function(wrap_pyfunction!(_estimate_scale, m)?)?;
     m.add_function(wrap_pyfunction!(_estimate_replay, m)?)?;
+    m.add_function(wrap_pyfunction!(_estimate_orders, m)?)?;
     Ok(())
 }

@@ -190,10 +190,14 @@ pub fn run(a: ScaleArgs) -> CliResult {
             match l.batch {
                 None => outln!("  {:<20} none fits{next}", l.policy),
                 Some(b) => outln!(
-                    "  {:<20} batch {b:<7} reserves {:>12} ({} to spare){next}{}",
+                    "  {:<20} batch {b:<7} reserves {:>12} ({} to spare{}){next}{}",
                     l.policy,
                     human(l.peak_reserved),
                     human(l.spare),
+                    l.fits_in.map_or(String::new(), |f| format!(
+                        "; fits in {} of {} segment orders",
+                        f.fit, f.orders
+                    )),
                     if l.limit_reached { " (search limit reached)" } else { "" }
                 ),
             }

@@ -22,7 +22,8 @@
 //! 3. **Build and replay** ([`predict`]): the base trace with every allocation's size replaced by
 //!    the fitted size at the new batch is replayed on the simulated GPU with `cudamem-replay`;
 //!    the largest batch that fits a capacity is found by search, each candidate verified by a
-//!    replay at that capacity (no out-of-memory error).
+//!    replay at that capacity (no out-of-memory error), near the cap in several segment orders
+//!    ([`orders`]).
 //!
 //! ## How sure
 //! [`Quality`] carries what the answer rests on: whether the alignment was exact, how many
@@ -39,11 +40,13 @@
 pub mod align;
 pub mod fit;
 pub mod gpus;
+pub mod orders;
 pub mod predict;
 pub mod report;
 
 pub use align::{align, Alignment, AlignmentKind};
 pub use fit::{fit_sizes, SizeFit};
 pub use gpus::{gpu_capacity, GPUS};
+pub use orders::{replay_in_orders, OrdersFit, LIKELY_SHARE, ORDERS};
 pub use predict::{confidence, fits, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
 pub use report::{replay_report, scale_report, ScaleRequest};

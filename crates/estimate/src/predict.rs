@@ -10,14 +10,19 @@
 //! "Fits a capacity" means: the scaled trace replays on a simulated GPU of that capacity without
 //! an out-of-memory error (the allocator may release its cache and retry on the way, as
 //! PyTorch's does under `set_per_process_memory_fraction`). The largest batch is searched by
-//! doubling from the largest recorded batch, then bisection; it assumes that a larger batch
-//! never needs less, and each answer is a replay, not an interpolation.
+//! doubling from the largest recorded batch, then bisection, in the simulator's own segment
+//! order; it assumes that a larger batch never needs less, and each answer is a replay, not an
+//! interpolation. The same search then runs from that boundary with "fits in enough segment
+//! orders" ([`crate::orders`]) as the test, which moves it by a few batches where it moves it.
+
+use std::collections::HashMap;
 
 use cudamem_replay::{replay, ReplayOptions};
 use cudamem_trace::{Action, Trace};
 
 use crate::align::{align, Alignment};
 use crate::fit::{fit_sizes, SizeFit};
+use crate::orders::{replay_in_orders, OrdersFit, ORDERS};
 
 /// A transient allocation (a workspace) whose fit misses one of its recorded sizes by more than
 /// this share of its largest size keeps its base size: a size picked per batch (another
@@ -106,6 +111,9 @@ pub struct Largest {
     pub next: Option<(u64, u64)>,
     /// The search stopped at its limit: even that batch fits.
     pub limit_reached: bool,
+    /// In how many segment orders that batch fits ([`crate::orders`]); `None` when the search
+    /// stopped at its limit or no batch fits.
+    pub fits_in: Option<OrdersFit>,
 }
 
 impl ScaleModel {
@@ -279,63 +287,101 @@ pub fn fits(model: &ScaleModel, batch: u64, opts: &ReplayOptions, capacity: u64)
 /// The largest batch up to `limit` that fits `capacity` (see the module doc).
 pub fn largest_batch(model: &ScaleModel, opts: &ReplayOptions, capacity: u64, limit: u64) -> Result<Largest, String> {
     let limit = limit.max(1);
-    let mut none = Largest {
+    let none = |model: &ScaleModel| -> Result<Largest, String> {
+        Ok(Largest {
+            policy: opts.policy.clone(),
+            capacity,
+            batch: None,
+            peak_reserved: 0,
+            spare: 0,
+            next: Some((1, peak_at(model, 1, opts)?.peak_reserved)),
+            limit_reached: false,
+            fits_in: None,
+        })
+    };
+    // The boundary in the simulator's own order first (one replay a probe), then the boundary
+    // in enough segment orders searched from there (25 replays a probe, few probes: the orders
+    // move it by a few batches at most).
+    let (own, _) = boundary(model.base_batch(), limit, |b| Ok(fits(model, b, opts, capacity)?.0))?;
+    let mut counted: HashMap<u64, OrdersFit> = HashMap::new();
+    let (lo, limit_reached) = boundary(own.max(1), limit, |b| {
+        let f = replay_in_orders(&model.at(b), &scaled_opts(opts, capacity), ORDERS)?.1;
+        counted.insert(b, f);
+        Ok(f.likely())
+    })?;
+    if lo == 0 {
+        return none(model);
+    }
+    let fit = counted[&lo];
+    let peak = match fit.peak_when_fit {
+        Some(p) => p,
+        None => fits(model, lo, opts, capacity)?.1.peak_reserved,
+    };
+    let next = if limit_reached {
+        None
+    } else {
+        Some((lo + 1, peak_at(model, lo + 1, opts)?.peak_reserved))
+    };
+    Ok(Largest {
         policy: opts.policy.clone(),
         capacity,
-        batch: None,
-        peak_reserved: 0,
-        spare: 0,
-        next: None,
-        limit_reached: false,
-    };
-    let (ok1, _) = fits(model, 1, opts, capacity)?;
-    if !ok1 {
-        none.next = Some((1, peak_at(model, 1, opts)?.peak_reserved));
-        return Ok(none);
-    }
-    let (mut lo, mut hi) = (1u64, None::<u64>);
-    let mut probe = model.base_batch().max(2).min(limit);
-    while hi.is_none() {
-        if probe <= lo {
-            break;
-        }
-        if fits(model, probe, opts, capacity)?.0 {
-            lo = probe;
-            if probe == limit {
-                break;
+        batch: Some(lo),
+        peak_reserved: peak,
+        spare: capacity.saturating_sub(peak),
+        next,
+        limit_reached,
+        fits_in: Some(fit),
+    })
+}
+
+/// The largest batch `b` in `1..=limit` with `fits(b)` and not `fits(b + 1)` (0 when not even
+/// batch 1 fits), found by galloping from `from` (up by 1, 2, 4, ... while it fits, down while
+/// it does not) and bisecting; and whether the search stopped at `limit` with that batch
+/// fitting. Assumes `fits` is monotone (a larger batch never needs less); where it is not, the
+/// answer is still a batch seen to fit whose successor was seen to fail.
+fn boundary(from: u64, limit: u64, mut fits: impl FnMut(u64) -> Result<bool, String>) -> Result<(u64, bool), String> {
+    let from = from.clamp(1, limit);
+    let (mut lo, mut hi) = (0u64, None::<u64>); // lo fits (0: none seen); hi fails
+    let mut step = 1u64;
+    if fits(from)? {
+        lo = from;
+        while hi.is_none() {
+            if lo == limit {
+                return Ok((lo, true));
             }
-            probe = probe.saturating_mul(2).min(limit);
-        } else {
-            hi = Some(probe);
+            let b = lo.saturating_add(step).min(limit);
+            if fits(b)? {
+                lo = b;
+                step = step.saturating_mul(2);
+            } else {
+                hi = Some(b);
+            }
+        }
+    } else {
+        hi = Some(from);
+        while lo == 0 && hi > Some(1) {
+            let b = hi.unwrap().saturating_sub(step).max(1);
+            if fits(b)? {
+                lo = b;
+            } else {
+                hi = Some(b);
+                step = step.saturating_mul(2);
+            }
+        }
+        if lo == 0 {
+            return Ok((0, false));
         }
     }
-    let Some(mut hi) = hi else {
-        let (_, p) = fits(model, lo, opts, capacity)?;
-        return Ok(Largest {
-            batch: Some(lo),
-            peak_reserved: p.peak_reserved,
-            spare: capacity.saturating_sub(p.peak_reserved),
-            limit_reached: true,
-            ..none
-        });
-    };
+    let mut hi = hi.expect("a failing batch above the fitting one");
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fits(model, mid, opts, capacity)?.0 {
+        if fits(mid)? {
             lo = mid;
         } else {
             hi = mid;
         }
     }
-    let (_, p) = fits(model, lo, opts, capacity)?;
-    let next = peak_at(model, lo + 1, opts)?;
-    Ok(Largest {
-        batch: Some(lo),
-        peak_reserved: p.peak_reserved,
-        spare: capacity.saturating_sub(p.peak_reserved),
-        next: Some((lo + 1, next.peak_reserved)),
-        ..none
-    })
+    Ok((lo, false))
 }
 
 /// With three or more traces: the largest recorded trace's peak reserved predicted from the

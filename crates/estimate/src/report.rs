@@ -2,10 +2,11 @@
 //! package's `cudamem.estimate.scale`), and the replay of one trace under several policies, for
 //! the GPU-free estimate. The keys are those of `cudamem scale --json`.
 
-use cudamem_replay::{replay, Placement, ReplayOptions};
+use cudamem_replay::ReplayOptions;
 use cudamem_trace::Trace;
 use serde_json::{json, Value};
 
+use crate::orders::replay_in_orders;
 use crate::predict::{confidence, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
 
 /// What to predict from traces at several batch sizes.
@@ -39,6 +40,7 @@ pub fn largest_json(l: &Largest) -> Value {
         "peak_reserved_bytes": l.peak_reserved, "spare_bytes": l.spare,
         "next_batch": l.next.map(|n| n.0), "next_batch_needs_bytes": l.next.map(|n| n.1),
         "limit_reached": l.limit_reached,
+        "orders": l.fits_in.map(|f| f.orders), "largest_fits_in": l.fits_in.map(|f| f.fit),
     })
 }
 
@@ -105,9 +107,7 @@ pub fn scale_report(traces: &[Trace], r: &ScaleRequest) -> Result<Value, String>
 /// The trace replayed with each policy on `capacity`: peaks, device allocations and failed
 /// allocations per policy, with segments placed lowest first. With `orders` > 0 each row also
 /// says in how many of `orders` + 1 segment orders (that one and `orders` seeded shuffles) the
-/// trace ran without a failed allocation: near a cap, whether the out-of-memory retry can
-/// release enough depends on which segments hold the live blocks, and PyTorch picks between
-/// equal free blocks by address, which the driver chooses.
+/// trace ran without a failed allocation, and the highest peak among those ([`crate::orders`]).
 pub fn replay_report(
     trace: &Trace,
     policies: &[String],
@@ -115,21 +115,15 @@ pub fn replay_report(
     config: Option<String>,
     orders: u32,
 ) -> Result<Value, String> {
-    let run = |p: &str, placement: Placement| {
-        replay(
-            trace,
-            &ReplayOptions {
-                capacity,
-                repeats: 0,
-                plan_addresses: Some(false),
-                placement,
-                ..opts(p, &config)
-            },
-        )
-    };
     let mut rows = Vec::new();
     for p in policies {
-        let res = run(p, Placement::LowestFree)?;
+        let o = ReplayOptions {
+            capacity,
+            repeats: 0,
+            plan_addresses: Some(false),
+            ..opts(p, &config)
+        };
+        let (res, fit) = replay_in_orders(trace, &o, orders)?;
         let mut row = json!({
             "policy": p,
             "capacity_bytes": capacity,
@@ -140,54 +134,11 @@ pub fn replay_report(
             "ooms": res.total(|d| d.ooms),
         });
         if orders > 0 {
-            let lowest = (res.total(|d| d.ooms) == 0).then(|| res.max(|d| d.peak_reserved_bytes));
-            let (fit, peak) = shuffled_fits(orders, |seed| run(p, Placement::Shuffled(seed)))?;
-            row["orders"] = json!(orders + 1);
-            row["orders_fit"] = json!(fit + u32::from(lowest.is_some()));
-            // What the batch reserves where it fits: the most over the orders it fits in.
-            row["orders_fit_peak_reserved_bytes"] = json!(peak.max(lowest));
+            row["orders"] = json!(fit.orders);
+            row["orders_fit"] = json!(fit.fit);
+            row["orders_fit_peak_reserved_bytes"] = json!(fit.peak_when_fit);
         }
         rows.push(row);
     }
     Ok(Value::Array(rows))
-}
-
-/// How many of the seeds 1..=`orders` replay without a failed allocation, and the highest peak
-/// reserved among those, the replays spread over the machine's cores (each is independent).
-fn shuffled_fits(
-    orders: u32,
-    run: impl Fn(u64) -> Result<cudamem_replay::ReplayResult, String> + Sync,
-) -> Result<(u32, Option<u64>), String> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(orders as usize);
-    let parts: Vec<Result<(u32, Option<u64>), String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads as u64)
-            .map(|t| {
-                let run = &run;
-                scope.spawn(move || {
-                    let (mut fit, mut peak) = (0, None);
-                    for seed in (1 + t..=u64::from(orders)).step_by(threads) {
-                        let r = run(seed)?;
-                        if r.total(|d| d.ooms) == 0 {
-                            fit += 1;
-                            peak = peak.max(Some(r.max(|d| d.peak_reserved_bytes)));
-                        }
-                    }
-                    Ok((fit, peak))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a replay thread panicked".to_string())))
-            .collect()
-    });
-    let (mut fit, mut peak) = (0, None);
-    for part in parts {
-        let (f, p) = part?;
-        fit += f;
-        peak = peak.max(p);
-    }
-    Ok((fit, peak))
 }

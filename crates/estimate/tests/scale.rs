@@ -362,3 +362,66 @@ fn cudnn_autotuning_aligns_except_its_workspaces_and_predicts_the_recorded_peaks
     let h = holdout(&traces, &[8, 16, 24], 1, &opts("pytorch")).unwrap().unwrap();
     assert!(h < 0.02, "hold-out error {h}");
 }
+
+/// Two cached 40 MiB blocks, one splitting a 100 MiB segment whose rest is live, one a whole
+/// segment made first; a 40 MiB request takes the one at the lower address, then
+/// `90 + batch` MiB must fit a 200 MiB cap, which it does only if the whole segment stayed free
+/// for the out-of-memory retry to release. Lowest address first, the whole segment lies lower
+/// and is taken: the job fails in the simulator's own order and fits in some shuffled ones.
+fn tie_job(batch: u64) -> Trace {
+    let mut t = Trace::new(format!("tie-b{batch}"));
+    let mut events = Vec::new();
+    let ev = |action, addr: u64, size: u64| TraceEvent {
+        action,
+        addr,
+        size: size * MIB,
+        stream: 0,
+        time_us: 0,
+        stack: None,
+    };
+    let free = |events: &mut Vec<TraceEvent>, addr: u64, size: u64| {
+        events.push(ev(Action::FreeRequested, addr, size));
+        events.push(ev(Action::FreeCompleted, addr, size));
+    };
+    events.push(ev(Action::Alloc, 0x1000_0000, 40));
+    events.push(ev(Action::Alloc, 0x2000_0000, 100));
+    free(&mut events, 0x1000_0000, 40);
+    free(&mut events, 0x2000_0000, 100);
+    events.push(ev(Action::Alloc, 0x3000_0000, 60));
+    events.push(ev(Action::Alloc, 0x4000_0000, 40));
+    events.push(ev(Action::Alloc, 0x5000_0000, 90 + batch));
+    t.devices = vec![DeviceTrace { device: 0, events }];
+    t
+}
+
+#[test]
+fn the_largest_batch_is_the_one_that_fits_in_enough_segment_orders() {
+    let cap = 200 * MIB;
+    assert!(
+        own_peak(&tie_job(10), "pytorch", cap).1 > 0,
+        "lowest first, batch 10 fails"
+    );
+    let m = ScaleModel::learn(&[tie_job(1), tie_job(2), tie_job(3)], &[1, 2, 3], 1).unwrap();
+    let l = largest_batch(&m, &opts("pytorch"), cap, 1 << 10).unwrap();
+    let f = l.fits_in.expect("the orders are counted");
+    assert_eq!(l.batch, Some(10), "{l:?}");
+    assert!(
+        f.likely() && f.fit < f.orders && f.orders == cudamem_estimate::ORDERS + 1,
+        "{f:?}"
+    );
+    assert_eq!(
+        (l.peak_reserved, l.spare),
+        (cap, 0),
+        "where it fits it reserves the whole cap"
+    );
+    let (_, at11) = cudamem_estimate::replay_in_orders(
+        &tie_job(11),
+        &ReplayOptions {
+            capacity: cap,
+            ..opts("pytorch")
+        },
+        24,
+    )
+    .unwrap();
+    assert_eq!(at11.fit, 0, "batch 11 fits in no order");
+}
