@@ -164,7 +164,9 @@ class TraceBuilder:
 
 class Estimate:
     """What a GPU-free estimate found: per policy, the peak reserved (and whether it fits
-    ``device_memory``), the peak of live tensor bytes, and what the estimate leaves out."""
+    ``device_memory``: in at least :data:`LIKELY_SHARE` of the segment orders it is replayed
+    in, as :func:`largest_batch` counts), the peak of live tensor bytes, and what the estimate
+    leaves out."""
 
     def __init__(self, rows: List[dict], peak_live: int, left_out: List[str], notes: List[str],
                  trace: dict, device_memory: Optional[int]) -> None:
@@ -177,14 +179,15 @@ class Estimate:
 
     @property
     def peak_reserved(self) -> Dict[str, int]:
-        """Peak reserved bytes by policy."""
-        return {r["policy"]: r["peak_reserved_bytes"] for r in self.rows}
+        """Peak reserved bytes by policy (on ``device_memory``: where the job fits, the most
+        among the segment orders it fits in)."""
+        return {r["policy"]: _fitting_peak(r) for r in self.rows}
 
     def fits(self, policy: str = "pytorch") -> Optional[bool]:
         """Whether the job fits ``device_memory`` with ``policy`` (None: no memory given)."""
         for r in self.rows:
             if r["policy"] == policy:
-                return None if self.device_memory is None else r["ooms"] == 0
+                return None if self.device_memory is None else _likely(r)
         raise ValueError(f"policy {policy!r} was not estimated (estimated: {[r['policy'] for r in self.rows]})")
 
     def save(self, path: str) -> str:
@@ -203,8 +206,12 @@ class Estimate:
         for r in self.rows:
             fit = ""
             if self.device_memory is not None:
-                fit = "   yes" if r["ooms"] == 0 else f"   no ({r['ooms']} allocations fail)"
-            lines.append(f"{r['policy']:<20} {human(r['peak_reserved_bytes']):>14} "
+                fit = "   yes" if _likely(r) else "   no"
+                if r.get("orders_fit", r.get("orders")) != r.get("orders"):
+                    fit += f" (in {r['orders_fit']} of {r['orders']} segment orders)"
+                elif not _likely(r):
+                    fit += f" ({r['ooms']} allocations fail)"
+            lines.append(f"{r['policy']:<20} {human(_fitting_peak(r)):>14} "
                          f"{human(r['peak_requested_bytes']):>15}{fit}")
         if self.device_memory is not None:
             lines.append(f"on a GPU of {human(self.device_memory)}")
@@ -364,16 +371,15 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
                 seen[b] = (snap, {r["policy"]: r for r in replay(snap, _policies(policies), cap, None, ORDERS)})
             return seen[b][1]
 
-        need = max(1, math.ceil(LIKELY_SHARE * (ORDERS + 1)))  # as OrdersFit::likely
         for row in out.get("largest", []):
             pol = row["policy"]
-            _verify_largest(row, lambda b, p=pol: replayed(b)[p]["orders_fit"] >= need, max_probes)
+            _verify_largest(row, lambda b, p=pol: _likely(replayed(b)[p]), max_probes)
             b = row["largest_batch"]
             row["orders"] = ORDERS + 1
             # The figures of the verified batch and its successor, from their own replays.
             if b is not None:
                 at_b = replayed(b)[pol]
-                row["peak_reserved_bytes"] = at_b["orders_fit_peak_reserved_bytes"] or at_b["peak_reserved_bytes"]
+                row["peak_reserved_bytes"] = _fitting_peak(at_b)
                 row["spare_bytes"] = cap - row["peak_reserved_bytes"]
                 row["largest_fits_in"] = at_b["orders_fit"]
             if b is not None and str(b + 1) in row["probes"]:
@@ -448,6 +454,22 @@ def recording(compute_capability: int = 9) -> Iterator[Any]:
         yield rec
 
 
+def _likely(row: dict) -> bool:
+    """A replay row fits: in enough segment orders where they were counted, else with no failed
+    allocation (as cudamem-estimate's OrdersFit::likely)."""
+    if "orders_fit" not in row:
+        return row["ooms"] == 0
+    return row["orders_fit"] >= max(1, math.ceil(LIKELY_SHARE * row["orders"]))
+
+
+def _fitting_peak(row: dict) -> int:
+    """A row's peak reserved; where orders were counted and the row fits, the most among the
+    orders it fits in (as cudamem scale reports its largest batch)."""
+    if _likely(row) and row.get("orders_fit_peak_reserved_bytes"):
+        return row["orders_fit_peak_reserved_bytes"]
+    return row["peak_reserved_bytes"]
+
+
 def _estimate_from(builder: TraceBuilder, left_out: List[str], notes: List[str], device_memory: Any,
                    policies: Sequence[str], config: Optional[str]) -> Estimate:
     """The replay half of an estimate (the recorder calls it with what it recorded)."""
@@ -455,7 +477,8 @@ def _estimate_from(builder: TraceBuilder, left_out: List[str], notes: List[str],
     snap = builder.snapshot()
     if not builder.events:
         raise ValueError("the recorded code allocated no CUDA memory: nothing to estimate")
-    rows = replay(snap, _policies(policies), cap if cap is not None else "h200", config)
+    rows = replay(snap, _policies(policies), cap if cap is not None else "h200", config,
+                  ORDERS if cap is not None else 0)
     return Estimate(rows, builder.peak_live, left_out, notes, snap, cap)
 
 
