@@ -15,6 +15,7 @@ import pytest
 
 import cudamem
 import cudamem.estimate as est
+from cudamem import _largest_batch
 
 MIB = 1 << 20
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and "fake_torch" not in str(
@@ -415,7 +416,7 @@ def test_the_largest_batch_search_ends_where_b_fits_and_b_plus_1_does_not(guess,
         return b <= edge
 
     row = {"largest_batch": guess}
-    est._verify_largest(row, fits, max_probes=24)
+    _largest_batch._verify_largest(row, fits, max_probes=24)
     assert row["scaled_batch"] == guess and len(calls) == len(set(calls)) <= 24
     if edge == 0:
         assert row["largest_batch"] is None and row["probes"]["1"] is False and row["verified"]
@@ -426,7 +427,7 @@ def test_the_largest_batch_search_ends_where_b_fits_and_b_plus_1_does_not(guess,
 
 def test_the_largest_batch_search_says_when_it_ran_out_of_probes():
     row = {"largest_batch": 1}
-    est._verify_largest(row, lambda b: b <= 100_000, max_probes=4)
+    _largest_batch._verify_largest(row, lambda b: b <= 100_000, max_probes=4)
     assert not row["verified"] and len(row["probes"]) == 4
     assert row["largest_batch"] == max(int(b) for b, ok in row["probes"].items() if ok)
 
