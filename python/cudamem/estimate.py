@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import pickle
 import sys
@@ -208,7 +207,7 @@ class Estimate:
             fit = ""
             if self.device_memory is not None:
                 fit = "   yes" if _likely(r) else "   no"
-                if r.get("orders_fit", r.get("orders")) != r.get("orders"):
+                if "orders_fit" in r and r["orders_fit"] < r["orders"]:
                     fit += f" (in {r['orders_fit']} of {r['orders']} segment orders)"
                 elif not _likely(r):
                     fit += f" ({r['ooms']} allocations fail)"
@@ -229,8 +228,9 @@ def replay(trace: Any, policies: Sequence[str] = DEFAULT_POLICIES, capacity: Any
            config: Optional[str] = None, orders: int = 0) -> List[dict]:
     """A snapshot (dict, bytes or path) replayed with each policy on a simulated GPU. With
     ``orders`` > 0 each row also has ``orders_fit`` of ``orders`` + 1 segment orders (the
-    simulator's own and seeded shuffles) in which it ran without a failed allocation, and
-    ``orders_fit_peak_reserved_bytes``, the highest peak among those (None if none)."""
+    simulator's own and seeded shuffles) in which it ran without a failed allocation,
+    ``orders_fit_peak_reserved_bytes``, the highest peak among those (None if none), and
+    ``orders_likely``: whether that is enough to count as fitting (:data:`LIKELY_SHARE`)."""
     from . import _trace_bytes
 
     if isinstance(orders, bool) or not isinstance(orders, int) or not 0 <= orders < 1 << 16:
@@ -331,11 +331,9 @@ def recording(compute_capability: int = 9) -> Iterator[Any]:
 
 
 def _likely(row: dict) -> bool:
-    """A replay row fits: in enough segment orders where they were counted, else with no failed
-    allocation (as cudamem-estimate's OrdersFit::likely)."""
-    if "orders_fit" not in row:
-        return row["ooms"] == 0
-    return row["orders_fit"] >= max(1, math.ceil(LIKELY_SHARE * row["orders"]))
+    """A replay row fits: in enough segment orders where they were counted (the replay says),
+    else with no failed allocation."""
+    return row["orders_likely"] if "orders_likely" in row else row["ooms"] == 0
 
 
 def _fitting_peak(row: dict) -> int:

@@ -454,12 +454,13 @@ def test_replay_in_shuffled_segment_orders():
     assert row["ooms"] == 0 and row["orders"] == 25, row
     assert 1 < row["orders_fit"] < 25, row  # some orders fit, some do not
     assert row["orders_fit_peak_reserved_bytes"] == 200 * MIB, row
+    assert row["orders_likely"] is (row["orders_fit"] >= math.ceil(est.LIKELY_SHARE * 25)), row
     again = est.replay(tie_trace(100), ["pytorch"], 200 * MIB, None, orders=24)[0]
     assert again["orders_fit"] == row["orders_fit"]  # seeded: the same orders each time
     # Too large for any order: nothing fits.
     none = est.replay(tie_trace(102), ["pytorch"], 200 * MIB, None, orders=24)[0]
     assert none["ooms"] == 1 and none["orders_fit"] == 0, none
-    assert none["orders_fit_peak_reserved_bytes"] is None
+    assert none["orders_fit_peak_reserved_bytes"] is None and none["orders_likely"] is False
     assert "orders" not in est.replay(tie_trace(100), ["pytorch"], 200 * MIB)[0]
     for bad in (-1, 1.5, True, 1 << 16):
         with pytest.raises(ValueError, match="orders"):

@@ -85,8 +85,8 @@ enum Command {
         #[arg(long)]
         warm: bool,
         /// Place every segment on the simulated GPU instead of at the trace's recorded
-        /// addresses: lowest (the lowest free range) or shuffled:SEED (a seeded random order,
-        /// as the driver's order changes between runs).
+        /// addresses: lowest (the lowest free range), highest (the top of the highest one) or
+        /// shuffled:SEED (a seeded random order, as the driver's order changes between runs).
         #[arg(long)]
         placement: Option<cudamem_device::sim::Placement>,
         /// Print exactly one JSON object.

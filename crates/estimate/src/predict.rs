@@ -111,8 +111,8 @@ pub struct Largest {
     pub next: Option<(u64, u64)>,
     /// The search stopped at its limit: even that batch fits.
     pub limit_reached: bool,
-    /// In how many segment orders that batch fits ([`crate::orders`]); `None` when the search
-    /// stopped at its limit or no batch fits.
+    /// In how many segment orders that batch fits ([`crate::orders`]); `None` when no batch
+    /// fits.
     pub fits_in: Option<OrdersFit>,
 }
 

@@ -107,7 +107,8 @@ pub fn scale_report(traces: &[Trace], r: &ScaleRequest) -> Result<Value, String>
 /// The trace replayed with each policy on `capacity`: peaks, device allocations and failed
 /// allocations per policy, with segments placed lowest first. With `orders` > 0 each row also
 /// says in how many of `orders` + 1 segment orders (that one and `orders` seeded shuffles) the
-/// trace ran without a failed allocation, and the highest peak among those ([`crate::orders`]).
+/// trace ran without a failed allocation, the highest peak among those, and whether that is
+/// enough to count as fitting ([`crate::orders`]).
 pub fn replay_report(
     trace: &Trace,
     policies: &[String],
@@ -137,6 +138,7 @@ pub fn replay_report(
             row["orders"] = json!(fit.orders);
             row["orders_fit"] = json!(fit.fit);
             row["orders_fit_peak_reserved_bytes"] = json!(fit.peak_when_fit);
+            row["orders_likely"] = json!(fit.likely());
         }
         rows.push(row);
     }

@@ -165,6 +165,9 @@ impl Program {
     /// ([`Op::Malloc`]'s `shrink`); returns how many there are.
     pub fn mark_shrinking(&mut self, stacks: &[StackId]) -> usize {
         let mut n = 0;
+        if stacks.is_empty() {
+            return n;
+        }
         for (op, stack) in self.ops.iter_mut().zip(&self.op_stacks) {
             if let (Op::Malloc { shrink, .. }, Some(s)) = (op, stack) {
                 if stacks.contains(s) {
