@@ -8,8 +8,8 @@
 # fonts-dejavu-core (apt-get, needs root; scripts/viz/browser-test.sh), cargo-fuzz
 # (cargo install, into ~/.cargo/bin; scripts/fuzz.sh), and a virtual environment in
 # target/pyenv with maturin and pytest from PyPI (python/build_and_test.sh); it also downloads,
-# once, the torch and CUDA runtime wheels (about 550 MB) whose headers it unpacks into
-# target/torch-headers (scripts/torch-headers.sh; nothing of them is installed).
+# once, the wheels of torch 2.9.0, 2.11.0 and 2.15.0 and the CUDA runtime (about 1.7 GB) whose
+# headers it unpacks into target/torch-headers (scripts/torch_headers.py; nothing is installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +46,12 @@ if [ ! -x "$venv/bin/python" ]; then
 elif ! "$venv/bin/python" -c 'import pytest' 2>/dev/null || [ ! -x "$venv/bin/maturin" ]; then
     installs+=("maturin and pytest from PyPI into $venv, for phase 4")
 fi
-[ -f "target/torch-headers/torch-${TORCH_VERSION:-2.11.0}.ok" ] ||
-    installs+=("the torch ${TORCH_VERSION:-2.11.0} and CUDA runtime wheels, downloaded with pip (about 550 MB), headers unpacked into target/torch-headers (not installed), for phase 4")
+for v in 2.9.0 2.11.0 2.15.0; do
+    [ -f "target/torch-headers/$v/.ok" ] ||
+        installs+=("the torch $v wheel, downloaded with pip (about 550 MB), headers unpacked into target/torch-headers/$v (not installed), for phase 4's compile test")
+done
+[ -f target/torch-headers/cuda/.ok ] ||
+    installs+=("the CUDA runtime wheels (nvidia-cuda-runtime, nvidia-cuda-crt), headers unpacked into target/torch-headers/cuda, for phase 4's compile test")
 if [ ${#installs[@]} -gt 0 ]; then
     echo "It will install or download:"
     printf '  - %s\n' "${installs[@]}"

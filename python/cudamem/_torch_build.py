@@ -2,8 +2,9 @@
 
 Both of cudamem's C++ libraries for torch are built here: the native allocator class
 (:mod:`cudamem._torch_native`) and the pluggable path's shim (:func:`cudamem.torch.build_shim`).
-One ``g++`` command (``$CXX``, else ``g++`` or ``c++``), with torch's
-``_GLIBCXX_USE_CXX11_ABI``, tried as C++17 and then C++20 (a newer torch may require it). The
+One ``g++`` command (``$CXX``, else ``g++`` or ``c++``; :func:`compile_command`, which the
+compile matrix ``scripts/torch_matrix.py`` uses too), with torch's ``_GLIBCXX_USE_CXX11_ABI`` and
+the C++ standard that torch's release requires (:func:`cudamem._torch_versions.cxx_standard`). The
 library's cache name carries torch's version and a hash of the source (with the headers beside
 it), torch's version, the ABI flag and the caller's interface version, so a change of any of
 them builds anew; the cache
@@ -19,9 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, List, Optional, Type
-
-from cudamem import _cache
+from typing import Any, List, Optional, Sequence, Type
 
 
 def compiler() -> Optional[str]:
@@ -46,6 +45,25 @@ def torch_include_paths(torch: Any) -> List[str]:
     return [str(root), str(root / "torch" / "csrc" / "api" / "include")]
 
 
+def compile_command(
+    cxx: str,
+    std: str,
+    abi: int,
+    includes: Sequence[str],
+    src: Path,
+    out: Path,
+    libdir: Optional[Path] = None,
+    libraries: Sequence[str] = (),
+) -> List[str]:
+    """The compiler command for ``src``: a shared library linked to ``libraries`` of ``libdir``,
+    or, without ``libdir``, an object file only (the compile matrix has headers, no libraries)."""
+    cmd = [cxx, "-O2", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
+    if libdir is None:
+        return [*cmd, "-c", str(src), "-o", str(out)]
+    return [*cmd, "-shared", str(src), "-o", str(out), f"-L{libdir}", *(f"-l{lib}" for lib in libraries),
+            f"-Wl,-rpath,{libdir}"]  # fmt: skip
+
+
 def build_for_torch(
     torch: Any,
     src: Path,
@@ -58,8 +76,10 @@ def build_for_torch(
     verbose: bool = False,
 ) -> str:
     """The cached library for ``src`` (``<prefix>-torch<version>-<hash>.so``), compiled first if
-    needed, linked to the named libraries of torch's ``lib`` folder. Raises ``error`` with every
-    command tried and the compiler's output when it cannot be built."""
+    needed, linked to the named libraries of torch's ``lib`` folder. Raises ``error`` with the
+    command and the compiler's output when it cannot be built."""
+    from cudamem import _cache, _torch_versions
+
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     # The headers beside the source are part of it (the native class includes its own).
     sources = [src.read_bytes(), *(h.read_bytes() for h in sorted(src.parent.glob("*.h")))]
@@ -75,22 +95,15 @@ def build_for_torch(
     if cxx is None:
         raise error("no C++ compiler found (looked for $CXX, g++, c++)")
     torch_lib = Path(torch.__file__).resolve().parent / "lib"
-    failures: List[str] = []
+    std = _torch_versions.cxx_standard(torch.__version__)
 
     def build(tmp: Path) -> None:
-        for std in ("c++17", "c++20"):
-            cmd = [
-                cxx, "-O2", "-shared", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                *(f"-I{p}" for p in includes), str(src), "-o", str(tmp),
-                f"-L{torch_lib}", *(f"-l{lib}" for lib in libraries), f"-Wl,-rpath,{torch_lib}",
-            ]  # fmt: skip
-            if verbose:
-                print(f"cudamem: compiling {what}:", " ".join(cmd), file=sys.stderr)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode == 0:
-                return
-            failures.append(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}".rstrip())
-        raise error(f"compiling {what} failed:\n" + "\n\n".join(failures)[-6000:])
+        cmd = compile_command(cxx, std, abi, includes, src, tmp, torch_lib, libraries)
+        if verbose:
+            print(f"cudamem: compiling {what}:", " ".join(cmd), file=sys.stderr)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise error(f"compiling {what} failed:\n$ {' '.join(cmd)}\n{(r.stdout + r.stderr)[-6000:]}".rstrip())
 
     # Stored atomically with its digest: concurrent processes (ranks) may race here.
     return str(_cache.build_artifact(name, build))

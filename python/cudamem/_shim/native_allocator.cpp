@@ -47,6 +47,7 @@
 #include "native_ipc.h"
 #include "native_memory.h"
 #include "native_records.h"
+#include "native_versions.h"
 
 namespace {
 
@@ -137,7 +138,7 @@ struct CudamemPoolState : CCA::AllocatorState {
   int device;
 };
 
-class CudamemAllocator final : public CCA::CUDAAllocator {
+class CudamemAllocator final : public cudamem_versions::Adapter {
  public:
   c10::DataPtr allocate(size_t size) override {
     c10::DeviceIndex device = 0;
@@ -223,8 +224,6 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
     check(g_api->set_fraction(device, fraction));
   }
 
-  std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
-
   void enable(bool value) override { enabled_.store(value); }
   bool isEnabled() const override { return enabled_.load(); }
 
@@ -253,7 +252,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   }
 
   // The engine's segments and blocks, with the contexts and traces of torch's history.
-  CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
+  CCA::SnapshotInfo take_snapshot(MempoolId_t mempool_id, bool include_traces) override {
     CCA::SnapshotInfo info;
     cudamem_records::SnapshotSink sink{&info.segments, mempool_id, &history_};
     check(g_api->snapshot(&sink, &cudamem_records::on_segment, &cudamem_records::on_block));
@@ -303,7 +302,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
 
   // A MemPool with an allocator of its own takes its segments from that allocator (torch's
   // rule); the pool keeps the allocator alive while it holds segments.
-  void createOrIncrefPool(
+  void create_or_incref_pool(
       c10::DeviceIndex device,
       MempoolId_t mempool_id,
       std::shared_ptr<CCA::CUDAAllocator> allocator) override {
@@ -316,11 +315,11 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
         device, mempool_id.first, mempool_id.second, held, &cudamem_memory::pool_alloc, &cudamem_memory::pool_free, &cudamem_memory::pool_drop));
   }
 
-  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+  void set_use_on_oom(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
     check(g_api->pool_set_use_on_oom(device, mempool_id.first, mempool_id.second, use_on_oom ? 1 : 0));
   }
 
-  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+  void set_no_split(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     check(g_api->pool_set_no_split(device, mempool_id.first, mempool_id.second));
   }
 
@@ -352,7 +351,7 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
 
   // Torch's history is kept here, in torch's TraceEntry with torch's recorder (see
   // native_history.h); cudamem's own history (cudamem.snapshot(), the viewer) records too.
-  void recordHistory(
+  void record_history(
       bool enabled,
       CCA::CreateContextFn context_recorder,
       size_t alloc_trace_max_entries,
@@ -369,8 +368,16 @@ class CudamemAllocator final : public CCA::CUDAAllocator {
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override { history_.annotate(md); }
   void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
   void popCompileContext() override { history_.pop_compile_context(); }
-  void setUserMetadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
-  std::string getUserMetadata() override { return history_.user_metadata(); }
+  void set_user_metadata(const std::string& metadata) override { history_.set_user_metadata(metadata); }
+  std::string user_metadata() override { return history_.user_metadata(); }
+  // The context recorded when the block at `ptr` was allocated (null when history was off).
+  std::shared_ptr<c10::GatheredContext> context_for_pointer(const void* ptr) override {
+    return history_.block_context(reinterpret_cast<uint64_t>(ptr));
+  }
+  // torch.cuda.memory._annotate_memory: an ANNOTATE trace entry for the live allocation at `ptr`.
+  void annotate_memory(const void* ptr, const std::string& metadata) override {
+    history_.annotate_memory(reinterpret_cast<uint64_t>(ptr), metadata);
+  }
 
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(mutex_);

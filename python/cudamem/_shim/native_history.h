@@ -29,6 +29,8 @@
 
 #include <c10/util/ApproximateClock.h>
 
+#include "native_versions.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -43,7 +45,6 @@
 namespace cudamem_history {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
-namespace CDA = c10::CachingDeviceAllocator;
 using c10::MempoolId_t;
 using Ctx = std::shared_ptr<c10::GatheredContext>;
 using Action = CCA::TraceEntry::Action;
@@ -71,9 +72,7 @@ class History {
       bool clear,
       const std::vector<std::string>& skip_actions) {
     std::set<Action> skip;
-    for (const auto& a : skip_actions) {
-      skip.insert(CDA::parseTraceEntryAction(a));  // throws on an unknown name, as torch does
-    }
+    cudamem_versions::parse_skip_actions(skip_actions, skip);  // throws on an unknown name, as torch does
     std::lock_guard<std::mutex> g(mutex_);
     enabled_ = enabled;
     when_ = enabled ? when : CCA::RecordContext::NEVER;
@@ -93,6 +92,7 @@ class History {
     }
     if (!enabled) {
       block_ctx_.clear();
+      block_info_.clear();
       segment_ctx_.clear();
     }
   }
@@ -127,6 +127,7 @@ class History {
         if (ctx) {
           block_ctx_[addr] = ctx;
         }
+        block_info_[addr] = BlockInfo{device, size, stream};
         // Torch keeps a segment's context on its first block, and a split moves that block
         // behind the new one: a segment whose head is split shows no frames from then on.
         auto seg = segment_ctx_.find(addr);
@@ -149,6 +150,9 @@ class History {
         if (action == Action::FREE_COMPLETED && it != block_ctx_.end()) {
           block_ctx_.erase(it);
         }
+        if (action == Action::FREE_COMPLETED) {
+          block_info_.erase(addr);
+        }
         break;
       }
       case Action::SEGMENT_ALLOC:
@@ -166,22 +170,35 @@ class History {
     if (skip_.count(action) != 0) {
       return;
     }
-    if (traces_.size() <= static_cast<size_t>(device)) {
-      traces_.resize(device + 1);
-    }
     // As torch's: trace entries carry frames from context "alloc" on; with "state" only the
     // blocks and segments do.
     if (when_ < CCA::RecordContext::ALLOC) {
       ctx = nullptr;
     }
-    auto& t = traces_[device];
-    t.emplace_back(
-        action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream),
-        MempoolId_t{0, 0}, c10::getApproximateTime(), std::move(ctx),
-        compile_context_.empty() ? std::string("N/A") : compile_context_.back(), user_metadata_);
-    while (t.size() > max_entries_) {
-      t.pop_front();
+    append(action, device, addr, size, stream, std::move(ctx), user_metadata_);
+  }
+
+  // torch.cuda.memory._annotate_memory (torch 2.14 on): an ANNOTATE entry, with the metadata as
+  // its payload, for the live allocation that starts at `addr`. Recorded only while the history
+  // is (as torch's allocator does); an address that is no live allocation's start is an error.
+  void annotate_memory(uint64_t addr, const std::string& metadata) {
+#if CUDAMEM_TORCH_AT_LEAST(2, 14)
+    std::lock_guard<std::mutex> g(mutex_);
+    if (!enabled_) {
+      return;
     }
+    auto it = block_info_.find(addr);
+    TORCH_CHECK(
+        it != block_info_.end(), "cudamem: annotate_memory: ", reinterpret_cast<void*>(addr),
+        " is not the start of a live allocation recorded in the memory history");
+    if (skip_.count(Action::ANNOTATE) == 0) {
+      const BlockInfo b = it->second;
+      append(Action::ANNOTATE, b.device, addr, b.size, b.stream, nullptr, metadata);
+    }
+#else
+    (void)addr;
+    (void)metadata;
+#endif
   }
 
   void annotate(const std::vector<std::pair<std::string, std::string>>& md) {
@@ -191,7 +208,7 @@ class History {
     }
     c10::DeviceIndex device = 0;
     (void)c10::cuda::GetDevice(&device);
-    CDA::AnnotationEntry ae(device, c10::getApproximateTime());
+    cudamem_versions::AnnotationEntry ae(device, c10::getApproximateTime());
     for (const auto& [k, v] : md) {
       ae.recordUserMetadata(k, v);
     }
@@ -241,13 +258,29 @@ class History {
       }
     }
     for (const auto& ae : annotations_) {
-      CDA::AnnotationEntry copy = ae;
+      cudamem_versions::AnnotationEntry copy = ae;
       copy.time_.t_ = to_ns(ae.time_.approx_t_) / 1000;
       info.external_annotations.push_back(std::move(copy));
     }
   }
 
  private:
+  // One trace entry, with the compile context on top; the oldest go past max_entries.
+  // Requires mutex_ held.
+  void append(Action action, int device, uint64_t addr, uint64_t size, uint64_t stream, Ctx ctx,
+              const std::string& metadata) {
+    if (traces_.size() <= static_cast<size_t>(device)) {
+      traces_.resize(device + 1);
+    }
+    auto& t = traces_[device];
+    t.push_back(cudamem_versions::trace_entry(
+        action, device, addr, size, stream, c10::getApproximateTime(), std::move(ctx),
+        compile_context_.empty() ? std::string("N/A") : compile_context_.back(), metadata));
+    while (t.size() > max_entries_) {
+      t.pop_front();
+    }
+  }
+
   std::mutex mutex_;
   bool enabled_ = false;
   CCA::RecordContext when_ = CCA::RecordContext::NEVER;
@@ -255,8 +288,15 @@ class History {
   size_t max_entries_ = 0;
   std::set<Action> skip_;
   std::vector<std::deque<CCA::TraceEntry>> traces_;
-  std::vector<CDA::AnnotationEntry> annotations_;
+  std::vector<cudamem_versions::AnnotationEntry> annotations_;
   std::unordered_map<uint64_t, Ctx> block_ctx_;
+  // The live blocks seen while recording (for annotate_memory), keyed by address.
+  struct BlockInfo {
+    int device;
+    uint64_t size;
+    uint64_t stream;
+  };
+  std::unordered_map<uint64_t, BlockInfo> block_info_;
   // A segment's context, its size and whether it was mapped (expandable: torch splits those
   // by the small pool's rule), keyed by its address.
   struct SegmentCtx {
@@ -284,9 +324,8 @@ class Trackers {
     if (!any()) {
       return;
     }
-    CCA::TraceEntry te(
-        action, static_cast<c10::DeviceIndex>(device), addr, size, reinterpret_cast<void*>(stream), MempoolId_t{0, 0},
-        c10::getApproximateTime(), call_context());
+    CCA::TraceEntry te =
+        cudamem_versions::trace_entry(action, device, addr, size, stream, c10::getApproximateTime(), call_context());
     std::lock_guard<std::mutex> g(mutex_);
     for (auto& t : trackers_) {
       try {

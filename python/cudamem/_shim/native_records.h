@@ -12,6 +12,7 @@
 
 #include "native_api.h"
 #include "native_history.h"
+#include "native_versions.h"
 
 namespace cudamem_records {
 
@@ -40,7 +41,7 @@ inline void on_segment(void* ctx, const SegmentRecord* r) {
   seg.requested_size = r->requested_size;
   seg.allocated_size = r->allocated_size;
   seg.active_size = r->active_size;
-  seg.stream = reinterpret_cast<void*>(r->stream);
+  seg.stream = cudamem_versions::record_stream(r->stream);
   seg.is_large = r->is_large != 0;
   seg.is_expandable = r->is_expandable != 0;
   seg.owner_private_pool_id = pool;
