@@ -25,7 +25,7 @@ Both act on the same process-global allocators: one per device ordinal, created 
 never shared between devices. The device is the GPU of that ordinal, or a simulated GPU when
 ``CUDAMEM_DEVICE=sim`` (or ``sim:<size>``, e.g. ``sim:8GiB``) — that is how the tests run
 without a GPU. The configuration comes from ``CUDAMEM_ALLOC_CONF`` (else
-``PYTORCH_CUDA_ALLOC_CONF``; same syntax as PyTorch's) and the policy from ``CUDAMEM_POLICY``
+``PYTORCH_CUDA_ALLOC_CONF``, else ``PYTORCH_ALLOC_CONF``, in torch's order; same syntax as PyTorch's) and the policy from ``CUDAMEM_POLICY``
 (``cudamem``, the default; ``pytorch``, PyTorch's exact algorithm; ``pytorch-expandable``), or
 from :func:`configure` / ``install(policy=..., config=...)`` before the first allocation.
 

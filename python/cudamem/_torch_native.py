@@ -11,9 +11,10 @@ C++, with nothing patched.
 What it needs: a C++ compiler (``$CXX``, else ``g++``), torch's headers (in every torch wheel),
 and the CUDA runtime headers: ``$CUDA_HOME/include`` (or ``$CUDA_PATH``), else the
 ``nvidia-cuda-runtime`` and ``nvidia-cuda-crt`` wheels' ``include`` folders that CUDA builds of
-torch install. Torch's allocator interface changes between releases; the class is written
-against torch 2.11 and compiled against whatever torch is installed, so a torch whose interface
-differs fails to compile, and :func:`install_native` raises :class:`NativeBuildError` saying so.
+torch install. Torch's allocator interface changes between releases; ``_shim/native_versions.h``
+adapts the class to each release that :mod:`cudamem._torch_versions` supports. A torch older
+than those is refused before compiling; a newer one is compiled against and, if its interface
+changed, :func:`install_native` raises :class:`NativeBuildError` with the compiler's output.
 """
 
 from __future__ import annotations
@@ -26,13 +27,10 @@ import sysconfig
 from pathlib import Path
 from typing import Any, List
 
-from cudamem import _torch_build
+from cudamem import _torch_build, _torch_versions
 
 # Bumped whenever the C++ side's exported interface changes (checked at load time).
 NATIVE_SHIM_VERSION = 1
-
-# The torch releases the class was compiled and tested against.
-TESTED_TORCH = ("2.11",)
 
 
 class NativeBuildError(RuntimeError):
@@ -93,11 +91,16 @@ def build_native(verbose: bool = False) -> str:
     command and the compiler's output when that fails."""
     import torch
 
-    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    what = "cudamem's native torch allocator"
-    if version not in TESTED_TORCH:
-        what += (f" (torch {torch.__version__}'s allocator interface may differ from torch "
-                 f"{', '.join(TESTED_TORCH)}'s, which cudamem's class implements)")
+    refused = _torch_versions.refusal(torch.__version__)
+    if refused is not None:
+        raise NativeBuildError(refused)
+    from cudamem import _cache
+
+    _cache.ensure_private_dir()  # an untrusted cache is refused first, whatever else is missing
+    what = f"cudamem's native torch allocator for torch {torch.__version__}"
+    if _torch_versions.is_newer_than_supported(torch.__version__):
+        what += (f" (newer than the {_torch_versions.supported_range()} it supports: its allocator "
+                 "interface changed, and this cudamem does not know the new one yet)")
     return _torch_build.build_for_torch(
         torch, native_source(), "torch_native", NATIVE_SHIM_VERSION,
         _torch_include_paths(torch) + cuda_include_dirs(), ["c10", "c10_cuda", "torch_cuda", "torch_cpu"],

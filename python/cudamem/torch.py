@@ -20,11 +20,22 @@ observers work unchanged, and so do the memory history and snapshots
 keeps torch's history with torch's context recorder, so frames are torch's own). The swap is only possible before PyTorch's own allocator is initialised, i.e. before
 CUDA is first used in the process; :func:`install` checks this and says so.
 
-If the class cannot be built (no compiler, no CUDA headers, a torch whose allocator interface
-differs), :func:`install` warns and falls back to ``torch.cuda.memory.CUDAPluggableAllocator``:
-two C functions, ``void* alloc(size_t, int device, cudaStream_t)`` and ``void free(void*,
-size_t, int, cudaStream_t)``, plus the optional hooks ``set_reset_fn`` (``empty_cache``),
-``set_memory_fraction_fn`` and ``set_record_stream_fn``. The rest of this page is that path.
+Torch versions: the class supports torch 2.9 to 2.15 (:mod:`cudamem._torch_versions`; it is
+compiled for the installed release, adapting to its allocator interface). An older torch is
+refused before anything is compiled; a newer one is compiled against, and refused with the
+compiler's output if its interface changed.
+
+Failing closed: if the class cannot be built (an unsupported torch, no C++ compiler, no CUDA
+runtime headers), :func:`install` raises :class:`cudamem._torch_native.NativeBuildError` naming
+the cause and the fix; it does not fall back by itself. The fallback,
+``torch.cuda.memory.CUDAPluggableAllocator``, is used only when asked for
+(``install(native=False)`` or ``CUDAMEM_TORCH_NATIVE=0``): two C functions, ``void* alloc(size_t,
+int device, cudaStream_t)`` and ``void free(void*, size_t, int, cudaStream_t)``, plus the
+optional hooks ``set_reset_fn`` (``empty_cache``), ``set_memory_fraction_fn`` and
+``set_record_stream_fn``. That interface cannot route a CUDA graph's memory to its private pool,
+so on it cudamem refuses CUDA graph capture, ``torch.cuda.MemPool`` and ``torch.compile``'s CUDA
+graphs with an error (:mod:`cudamem._torch_guard`) rather than let a graph compute wrong
+numbers. The rest of this page is that path.
 
 Out of memory: the C++ shim
 ---------------------------
@@ -72,11 +83,11 @@ What changes for the rest of torch
   dumps. ``install(record_history=True)`` starts recording at once. PyTorch's
   ``record_function`` ranges are not recorded as annotations (use
   :func:`cudamem.annotate_region`).
-* Not supported on the pluggable path (PyTorch's pluggable-allocator limits): CUDA graphs and their
-  private pools (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``),
-  ``torch.cuda.MemPool``, CUDA IPC of tensors between processes. cuDNN autotuning
-  (``torch.backends.cudnn.benchmark = True``) queries the allocator's ``cacheInfo``, which
-  pluggable allocators refuse.
+* Refused on the pluggable path, with an error (see above): CUDA graphs and their private pools
+  (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``), ``torch.cuda.MemPool``.
+  Not supported there either (PyTorch's pluggable-allocator limits): CUDA IPC of tensors between
+  processes; cuDNN autotuning (``torch.backends.cudnn.benchmark = True``) queries the
+  allocator's ``cacheInfo``, which pluggable allocators refuse.
 """
 
 from __future__ import annotations
@@ -89,7 +100,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 import cudamem
-from cudamem import _cudamem, _torch_build
+from cudamem import _cudamem, _torch_build, _torch_guard, _torch_versions
 from cudamem._cache import UntrustedCacheError
 
 __all__ = [
@@ -190,7 +201,7 @@ def install(
         policy: ``"cudamem"`` (default, or ``$CUDAMEM_POLICY``), ``"pytorch"`` (PyTorch's own
             algorithm) or ``"pytorch-expandable"``.
         config: a ``PYTORCH_CUDA_ALLOC_CONF``-style string (default: ``$CUDAMEM_ALLOC_CONF``,
-            else ``$PYTORCH_CUDA_ALLOC_CONF``).
+            else ``$PYTORCH_CUDA_ALLOC_CONF``, else ``$PYTORCH_ALLOC_CONF``, torch's order).
         patch_torch_stats: route ``torch.cuda.memory_allocated``, ``memory_stats``,
             ``memory_summary``, ``max_memory_*``, ``reset_*``, and the history and snapshot
             functions ``torch.cuda.memory._record_memory_history``, ``_snapshot``,
@@ -200,11 +211,12 @@ def install(
             it, None (default) builds it and falls back with a warning. ``CUDAMEM_TORCH_SHIM=0``
             means False.
         verbose: print the compiler command.
-        native: True requires the native allocator class (raise if it cannot be built), False
-            plugs in through ``CUDAPluggableAllocator`` (no CUDA graphs, ``MemPool``,
-            ``torch.compile(mode="reduce-overhead")``, cuDNN autotuning or profiler memory),
-            None (default) tries the class first and falls back with a warning.
-            ``CUDAMEM_TORCH_NATIVE=0`` means False.
+        native: True or None (default): the native allocator class, built for the installed
+            torch (2.9 to 2.15); raise :class:`cudamem._torch_native.NativeBuildError` naming the
+            cause and the fix if it cannot be built. False (or ``CUDAMEM_TORCH_NATIVE=0``): plug
+            in through ``CUDAPluggableAllocator`` instead, where CUDA graph capture,
+            ``torch.cuda.MemPool`` and ``torch.compile``'s CUDA graphs raise, and cuDNN
+            autotuning and the profiler's memory view are unavailable.
         record_history: start recording the memory history now, on every device: ``True``
             for the defaults (every event, stacks on allocations and frees), or a dict of
             arguments (``{"max_entries": 100000}``): torch's
@@ -212,6 +224,8 @@ def install(
             cudamem's history too), :func:`cudamem.record_memory_history` on the pluggable path.
 
     Raises:
+        cudamem._torch_native.NativeBuildError: the native class cannot be built for this torch
+            (and ``native=False`` was not given).
         RuntimeError: CUDA was already used in this process (install() must come first), or
             ``CUDAMEM_DEVICE`` selects the simulated device.
         ValueError: a bad policy or configuration string.
@@ -237,7 +251,7 @@ def install(
         if torch.cuda.is_initialized():
             raise RuntimeError(_TOO_LATE)
         cudamem.configure(policy, config)
-        # A bad CUDAMEM_POLICY / CUDAMEM_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF: say so now, not
+        # A bad CUDAMEM_POLICY / CUDAMEM_ALLOC_CONF / PYTORCH_[CUDA_]ALLOC_CONF: say so now, not
         # at the first tensor.
         settings_error = cudamem.info().get("settings_error")
         if settings_error:
@@ -250,29 +264,27 @@ def install(
         if native is not False:
             from cudamem import _torch_native
 
-            try:
-                lib = _torch_native.install_native(rust, verbose=verbose)
-            except _torch_native.NativeBuildError as e:
-                if native:
-                    raise
+            if _torch_versions.is_newer_than_supported(torch.__version__):
                 warnings.warn(
-                    "cudamem: the native torch allocator could not be built, so cudamem plugs in "
-                    "through CUDAPluggableAllocator, without CUDA graphs, torch.cuda.MemPool, "
-                    "torch.compile(mode='reduce-overhead'), cuDNN autotuning or the profiler's "
-                    f"memory view. Details: {e}",
+                    f"cudamem: torch {torch.__version__} is newer than the {_torch_versions.supported_range()} "
+                    "that cudamem's native allocator supports; compiling it anyway (if torch's allocator "
+                    "interface changed, install() raises NativeBuildError)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            try:
+                lib = _torch_native.install_native(rust, verbose=verbose)
+            except _torch_native.NativeBuildError as e:
+                raise _torch_native.NativeBuildError(_native_failed(torch, e)) from e
             except RuntimeError as e:
                 if "initialized" in str(e):
                     raise RuntimeError(_TOO_LATE) from e
                 raise
-            else:
-                _state.update(mode="native", rust=rust, native=lib)
-                if patch_torch_stats:
-                    _patch_torch_native(torch)
-                _start_history(record_history)
-                return
+            _state.update(mode="native", rust=rust, native=lib)
+            if patch_torch_stats:
+                _patch_torch_native(torch)
+            _start_history(record_history)
+            return
         if use_shim is None and _env_off("CUDAMEM_TORCH_SHIM"):
             use_shim = False
         shim = None
@@ -304,6 +316,9 @@ def install(
         hooks.set_reset_fn(_addr(rust.cudamem_empty_cache))
         hooks.set_memory_fraction_fn(_addr(rust.cudamem_set_memory_fraction))
         hooks.set_record_stream_fn(_addr(rust.cudamem_record_stream))
+        if shim is not None and hasattr(hooks, "set_begin_allocate_to_pool"):
+            hooks.set_begin_allocate_to_pool(_addr(shim.cudamem_torch_refuse_pool))
+        _torch_guard.guard_pluggable(torch)
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
@@ -316,6 +331,18 @@ def install(
         if patch_torch_stats:
             _patch_torch_stats(torch)
         _start_history(record_history)
+
+
+def _native_failed(torch: Any, e: Exception) -> str:
+    return (
+        f"cudamem: the native torch allocator could not be built for torch {torch.__version__}, so "
+        "cudamem.torch.install() stops here rather than fall back to a path without CUDA graphs. "
+        f"Cause: {e}\nFix: use a torch that cudamem supports ({_torch_versions.supported_range()}), with a "
+        "C++ compiler (g++, or $CXX) and the CUDA runtime headers ($CUDA_HOME, or `pip install "
+        "nvidia-cuda-runtime nvidia-cuda-crt`). Or accept the pluggable path, where CUDA graph capture, "
+        "torch.cuda.MemPool and torch.compile's CUDA graphs raise: cudamem.torch.install(native=False) "
+        "or CUDAMEM_TORCH_NATIVE=0."
+    )
 
 
 def _env_off(name: str) -> bool:

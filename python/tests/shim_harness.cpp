@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstring>
+#include <functional>
+#include <utility>
 
 typedef struct CUstream_st* cudaStream_t;
 using MallocFn = void* (*)(size_t, int, cudaStream_t);
@@ -19,6 +21,24 @@ extern "C" int harness_malloc(void* fn, size_t size, int device, void** out, cha
     std::strncpy(msg, e.what(), len - 1);
     msg[len - 1] = '\0';
     return 1;
+  } catch (const c10::Error& e) {
+    std::strncpy(msg, e.what(), len - 1);
+    msg[len - 1] = '\0';
+    return 2;
+  } catch (...) {
+    return 3;
+  }
+}
+
+// Calls a pluggable allocator's begin_allocate_to_pool hook as torch's beginAllocateToPool does.
+using BeginPoolFn = void (*)(int, std::pair<unsigned long long, unsigned long long>, std::function<bool(cudaStream_t)>);
+
+extern "C" int harness_begin_pool(void* fn, char* msg, size_t len) {
+  BeginPoolFn f = reinterpret_cast<BeginPoolFn>(fn);
+  msg[0] = '\0';
+  try {
+    f(0, {1, 0}, [](cudaStream_t) { return true; });
+    return 0;
   } catch (const c10::Error& e) {
     std::strncpy(msg, e.what(), len - 1);
     msg[len - 1] = '\0';

@@ -6,7 +6,10 @@ function addresses; torch.cuda's stats functions are replaced; a failure in the 
 reaches the caller as a C++ exception — from the shim, and in the no-compiler fallback from
 c10::detail::torchCheckFail called by the Rust function (a C++ exception unwinding through
 Rust) — never as NULL; install() after CUDA initialisation raises RuntimeError; a shim planted
-in a cache directory others can write to is refused (UntrustedCacheError), not loaded.
+in a cache directory others can write to is refused (UntrustedCacheError), not loaded; when the
+native class cannot be built install() refuses (NativeBuildError naming the fix) instead of
+falling back; on the pluggable path, asked for explicitly, CUDA graph capture, MemPool and
+torch.compile's CUDA graphs raise, in Python and through the shim's C++ pool hook.
 """
 
 import hashlib
@@ -34,7 +37,7 @@ def _gxx(*args):
 def fake_torch(tmp_path_factory):
     root = tmp_path_factory.mktemp("faketorch")
     shutil.copytree(FAKE / "torch", root / "torch")
-    for script in ("check_install.py", "check_too_late.py"):
+    for script in ("check_install.py", "check_too_late.py", "check_guard.py"):
         shutil.copy(FAKE / script, root / script)
     (root / "torch" / "lib").mkdir()
     _gxx(FAKE / "libc10.cpp", "-o", root / "torch" / "lib" / "libc10.so")
@@ -61,7 +64,7 @@ def _run(script, fake_torch, tmp_path, *args, **env):
 def test_install_with_the_shim(fake_torch, tmp_path):
     r = _run("check_install.py", fake_torch, tmp_path, "shim")
     assert "mode shim warnings 0" in r.stdout
-    built = list((tmp_path / "cache").glob("torch_shim-torch0.0.0+fake-*.so"))
+    built = list((tmp_path / "cache").glob("torch_shim-torch2.11.0+fake-*.so"))
     assert len(built) == 1
     # Cached: a second process does not compile again (no compiler needed).
     r = _run("check_install.py", fake_torch, tmp_path, "shim", CXX="/nonexistent/g++")
@@ -75,11 +78,42 @@ def test_install_without_a_compiler_falls_back(fake_torch, tmp_path):
     assert "mode c warnings 0" in r.stdout
 
 
-def test_install_falls_back_to_the_pluggable_path_when_the_native_class_cannot_be_built(fake_torch, tmp_path):
-    r = _run("check_install.py", fake_torch, tmp_path, "shim", CUDAMEM_TORCH_NATIVE=None)
-    assert "mode shim warnings 1" in r.stdout, r.stdout
-    assert "native torch allocator could not be built" in r.stdout
-    assert "CUDA runtime headers were not found" in r.stdout, "the warning says what is missing"
+def _install_refused(fake_torch, tmp_path, **env):
+    """install() with the defaults, which must raise NativeBuildError; its message."""
+    root, _ = fake_torch
+    code = (
+        "import torch, cudamem.torch as ct\n"
+        "from cudamem._torch_native import NativeBuildError\n"
+        "try:\n    ct.install()\nexcept NativeBuildError as e:\n    print('NativeBuildError:', e)\n"
+        "assert not ct.is_installed()\n"
+        "torch.cuda.graphs.CUDAGraph().capture_begin()  # untouched: nothing was installed\n"
+    )
+    full = {k: v for k, v in os.environ.items() if k not in ("CUDAMEM_DEVICE", "CUDAMEM_TORCH_NATIVE")}
+    full.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path / "cache"),
+                CUDA_HOME=str(tmp_path / "no-cuda"), **env)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=full,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0 and "NativeBuildError:" in r.stdout, r.stdout + r.stderr
+    assert "native=False" in r.stdout and "torch 2.9 to 2.15" in r.stdout, "it names the fix"
+    return r.stdout
+
+
+def test_install_refuses_rather_than_fall_back_when_the_native_class_cannot_be_built(fake_torch, tmp_path):
+    out = _install_refused(fake_torch, tmp_path)
+    assert "CUDA runtime headers were not found" in out, "it says what is missing"
+
+
+def test_install_refuses_a_torch_older_than_supported_before_compiling(fake_torch, tmp_path):
+    out = _install_refused(fake_torch, tmp_path, FAKE_TORCH_VERSION="2.8.0+cu128")
+    assert "torch 2.8.0+cu128 is older than" in out
+    assert not list((tmp_path / "cache").glob("*.so")), "nothing was compiled"
+
+
+@pytest.mark.parametrize("mode", ["shim", "c"])
+def test_the_pluggable_path_refuses_cuda_graphs_mempool_and_compiled_graphs(fake_torch, tmp_path, mode):
+    env = {"CXX": "/nonexistent/g++"} if mode == "c" else {}
+    r = _run("check_guard.py", fake_torch, tmp_path, mode, **env)
+    assert r.stdout.count("refused:") == 8, r.stdout
 
 
 def test_install_after_cuda_init_says_so(fake_torch, tmp_path):
@@ -96,6 +130,7 @@ def test_install_rejects_bad_settings_at_once(fake_torch, tmp_path):
     base = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
     base.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path))
     for var, value, expect in [("CUDAMEM_ALLOC_CONF", "bogus_key:1", "bogus_key"),
+                               ("PYTORCH_ALLOC_CONF", "other_bogus_key:1", "other_bogus_key"),
                                ("CUDAMEM_POLICY", "fastest", "CUDAMEM_POLICY"),
                                ("CUDAMEM_DEVICE", "tpu", "CUDAMEM_DEVICE")]:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

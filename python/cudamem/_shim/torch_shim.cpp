@@ -11,6 +11,10 @@
 //                            throw c10::Error(msg)             (any other failure)
 //   cudamem_torch_free(...) -> cudamem_free(...)                             (Rust)
 //
+// And one hook more: cudamem_torch_refuse_pool, the pluggable allocator's beginAllocateToPool,
+// throws (see cudamem/_torch_guard.py): without the native class nothing can keep a CUDA graph's
+// memory in its private pool, and a capture that ran anyway would compute wrong results.
+//
 // The Rust functions are not linked: cudamem.torch.install() passes their addresses (read
 // with ctypes from the loaded extension module) to cudamem_torch_shim_init before the
 // allocator is used. Only c10/util/Exception.h and libc10 are needed from PyTorch.
@@ -23,10 +27,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 
 // Identical to CUDA's own typedef, so that including cuda_runtime.h as well stays valid.
 typedef struct CUstream_st* cudaStream_t;
+
+// c10's MempoolId_t (a pair of c10::CaptureId_t, unsigned long long in every release).
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
 
 namespace {
 
@@ -72,6 +81,18 @@ void* cudamem_torch_malloc(size_t size, int device, cudaStream_t stream) {
     TORCH_CHECK(false, text);
   }
   return ptr;
+}
+
+// The pluggable allocator's begin_allocate_to_pool hook:
+// void(int device, MempoolId_t, std::function<bool(cudaStream_t)> filter). Always throws.
+void cudamem_torch_refuse_pool(int, MempoolId, std::function<bool(cudaStream_t)>) {
+  TORCH_CHECK(
+      false,
+      "cudamem: CUDA graph capture and private memory pools (torch.cuda.graph, torch.cuda.MemPool, "
+      "torch.compile's CUDA graphs) are not available on cudamem's pluggable path: torch's pluggable "
+      "allocator interface cannot keep a graph's memory in its private pool, so the graph would compute "
+      "wrong results. Use cudamem's native allocator class (cudamem.torch.install() without "
+      "native=False), or run this process without cudamem.torch.install().");
 }
 
 // PyTorch's free function: void free(void* ptr, size_t size, int device, cudaStream_t stream).

@@ -8,7 +8,17 @@ is initialised; the stats functions raise as with any pluggable allocator. Its l
 
 from . import cuda, utils  # noqa: F401
 
-__version__ = "0.0.0+fake"
+import os
+
+# The version a test pretends (the native class's version checks read it).
+__version__ = os.environ.get("FAKE_TORCH_VERSION", "2.11.0+fake")
+
+compiled = []  # what torch.compile was called with
+
+
+def compile(model=None, **kwargs):
+    compiled.append(kwargs)
+    return model
 
 
 class OutOfMemoryError(RuntimeError):

@@ -1,4 +1,6 @@
-from . import memory
+from . import graphs, memory
+from .graphs import CUDAGraph, graph  # noqa: F401
+from .memory import MemPool  # noqa: F401
 from .memory import memory_allocated, memory_snapshot, memory_stats, memory_summary  # noqa: F401
 
 _initialized = False

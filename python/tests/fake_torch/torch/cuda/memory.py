@@ -6,7 +6,7 @@ current = None
 class _PluggableHooks:
     def __init__(self, alloc, free):
         self.alloc, self.free = alloc, free
-        self.reset = self.fraction = self.record = None
+        self.reset = self.fraction = self.record = self.begin_pool = None
 
     def set_reset_fn(self, addr):
         self.reset = addr
@@ -16,6 +16,9 @@ class _PluggableHooks:
 
     def set_record_stream_fn(self, addr):
         self.record = addr
+
+    def set_begin_allocate_to_pool(self, addr):
+        self.begin_pool = addr
 
 
 class CUDAPluggableAllocator:
@@ -28,6 +31,11 @@ class CUDAPluggableAllocator:
 
     def allocator(self):
         return self._allocator
+
+
+class MemPool:
+    def __init__(self, allocator=None):
+        self.allocator = allocator
 
 
 def change_current_allocator(allocator):
