@@ -22,6 +22,8 @@ pytorch_tests.sh load it, so they differ only in the allocator:
   extension with ``load_inline``, which on a cold cache outlasts the usual watchdog.
 * ``CUDAMEM_PYTEST_EVENTS``: a file that gets one JSON line per event (configure, collected ids,
   test start, test result). A file, because pytest captures stdout and stderr.
+* ``CUDAMEM_PYTEST_SEGMENTS=1``: also the allocator's segments (``memory_snapshot()``: pool,
+  size, allocated bytes, expandable, stream) as each test starts, as a ``segments`` event.
 """
 
 import faulthandler
@@ -221,9 +223,19 @@ def pytest_collection_modifyitems(items):
     _event(ev="collected", ids=[item.nodeid for item in items])
 
 
+def _segments():
+    """The allocator's segments as torch's memory_snapshot() reports them, in brief."""
+    import torch
+
+    return [{"pool": list(s["segment_pool_id"]), "size": s["total_size"], "allocated": s["allocated_size"],
+             "expandable": s.get("is_expandable"), "stream": s["stream"]} for s in torch.cuda.memory_snapshot()]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _event(ev="start", id=item.nodeid)
+    if os.environ.get("CUDAMEM_PYTEST_SEGMENTS") == "1":  # what the allocator holds as the test starts
+        _event(ev="segments", id=item.nodeid, segments=_segments())
     limit = _build_timeout if item.nodeid.split("::")[-1] in _slow else _timeout
     if limit > 0:
         if _stacks is not None:

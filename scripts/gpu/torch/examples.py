@@ -179,7 +179,7 @@ print("  " + (late.stdout + late.stderr).strip().replace("\n", "\n  "))
 check("RuntimeError: cudamem.torch.install() must run before the first CUDA tensor" in late.stdout,
       "install() after CUDA init raises a clear RuntimeError")
 
-print("--- the fallback without the C++ shim (subprocess, CUDAMEM_TORCH_SHIM=0)")
+print("--- the fallback without the C++ shim (subprocess, CUDAMEM_TORCH_NATIVE=0 CUDAMEM_TORCH_SHIM=0)")
 fallback = subprocess.run(
     [sys.executable, "-c",
      "import cudamem, cudamem.torch, torch\n"
@@ -191,7 +191,7 @@ fallback = subprocess.run(
      "except RuntimeError as e:\n    print('RuntimeError:', str(e)[:160].replace(chr(10), ' '))\n"
      "y = torch.ones(1000, device='cuda')\n"
      "print('after', (x.sum() + y.sum()).item(), 'allocated', cudamem.memory_allocated())\n"],
-    capture_output=True, text=True, env=dict(env, CUDAMEM_TORCH_SHIM="0"), timeout=120)
+    capture_output=True, text=True, env=dict(env, CUDAMEM_TORCH_SHIM="0", CUDAMEM_TORCH_NATIVE="0"), timeout=120)
 print("  " + (fallback.stdout + fallback.stderr).strip().replace("\n", "\n  "))
 check("mode c" in fallback.stdout and "RuntimeError: CUDA out of memory. Tried to allocate" in fallback.stdout
       and "after 1010.0" in fallback.stdout,

@@ -8,6 +8,8 @@
 # Without network, fetch torch's test dependencies first on a machine with it:
 #     python3 -m pip download -d gpu-out/pywheels --only-binary=:all: --python-version 3.12 \
 #         --platform manylinux2014_x86_64 --platform any expecttest psutil hypothesis
+# PYTORCH_TESTS_MODE: "process" (default: all selected tests in one pytest process per allocator),
+# "isolated" (one process per test and allocator: pytorch_tests_isolated.py), or "both".
 # PYTORCH_TESTS_SELECT replaces the regular expression that picks tests by name;
 # PYTORCH_TESTS_PART=K/N runs the K-th of N equal slices of the selection (a full run on a machine
 # with an empty extension cache needs about 10 minutes; two parts fit calls of 600 s each), and
@@ -148,6 +150,8 @@ if part:
 print(f"selected {len(selected)} of {len(collected)} (test name matches {SELECT.pattern}):")
 for i in selected:
     print("   ", i)
+json.dump({"selected": selected}, open(os.path.join(work, "selected.json"), "w"))
+in_process = os.environ.get("PYTORCH_TESTS_MODE", "process") in ("process", "both")
 
 
 def run(mode, ids, until):
@@ -212,6 +216,9 @@ if compiles:
 
 native = cudamem = {}
 modes = {}
+if selected and not in_process:
+    print("\n(3), (4) skipped: PYTORCH_TESTS_MODE=isolated")
+    sys.exit(0)
 if selected:
     now = time.time()
     # Half of what is left each, keeping some seconds for the report.
@@ -251,6 +258,14 @@ if out:
 sys.exit(1 if regressions or not selected else 0)
 PY
     rc=$?
+    case "${PYTORCH_TESTS_MODE:-process}" in
+    isolated | both)
+        step "(6) one test per process (pytorch_tests_isolated.py)"
+        left=$(( budget - ($(date +%s) - start) ))
+        [ -f "$work/selected.json" ] && timeout $(( left + 30 )) python3 "$here/pytorch_tests_isolated.py" \
+            --tests "$tests" --ids "$work/selected.json" --budget-s "$left" ${OUT:+--out "$OUT"} || rc=1
+        ;;
+    esac
     step "done (rc=$rc)"
     rm -rf "$work"
     return $rc
