@@ -83,16 +83,15 @@ def main() -> int:
                 jobs[v, name] = pool.submit(compile_one, cxx, v, src, cuda)
     results = {k: f.result() for k, f in jobs.items()}
     cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    rows = []
+    rows, timed = [], []
     for v in versions:
-        cells = []
-        for name, _ in TARGETS:
-            ok, took, _ = results[v, name]
-            cells.append(f"{'compiles' if ok else 'FAILS'} ({took:.0f} s)")
+        cells = [("compiles" if results[v, name][0] else "FAILS") for name, _ in TARGETS]
         rows.append((v, versions_mod.cxx_standard(v), *cells))
+        timed.append((v, versions_mod.cxx_standard(v),
+                      *(f"{c} ({results[v, name][1]:.0f} s)" for c, (name, _) in zip(cells, TARGETS))))
     header = ("torch", "C++", *(name for name, _ in TARGETS))
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
+    widths = [max(len(str(r[i])) for r in [header, *timed]) for i in range(len(header))]
+    for r in [header, *timed]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
     failed = [(k, r[2]) for k, r in results.items() if not r[0]]
     for (v, name), errors in failed:

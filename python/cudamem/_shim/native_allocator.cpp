@@ -253,7 +253,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
 
   // The engine's segments and blocks, with the contexts and traces of torch's history.
   CCA::SnapshotInfo take_snapshot(MempoolId_t mempool_id, bool include_traces) override {
-    CCA::SnapshotInfo info;
+    CCA::SnapshotInfo info{};  // value-initialised: no field a release adds is left unset
     cudamem_records::SnapshotSink sink{&info.segments, mempool_id, &history_};
     check(g_api->snapshot(&sink, &cudamem_records::on_segment, &cudamem_records::on_block));
     if (include_traces) {

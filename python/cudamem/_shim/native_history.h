@@ -178,11 +178,14 @@ class History {
     append(action, device, addr, size, stream, std::move(ctx), user_metadata_);
   }
 
-  // torch.cuda.memory._annotate_memory (torch 2.14 on): an ANNOTATE entry, with the metadata as
+  // torch.cuda.memory._annotate_tensor (torch 2.14 on): an ANNOTATE entry, with the metadata as
   // its payload, for the live allocation that starts at `addr`. Recorded only while the history
-  // is (as torch's allocator does); an address that is no live allocation's start is an error.
+  // is (as torch's allocator does); then an address that is no live allocation's start is an
+  // error. (Torch also refuses such an address while not recording; cudamem, which knows the
+  // live blocks' starts only while recording, then ignores the call.)
   void annotate_memory(uint64_t addr, const std::string& metadata) {
 #if CUDAMEM_TORCH_AT_LEAST(2, 14)
+    Ctx ctx = gather(CCA::RecordContext::ALLOC);  // frames from context "alloc" on, as torch's
     std::lock_guard<std::mutex> g(mutex_);
     if (!enabled_) {
       return;
@@ -193,7 +196,7 @@ class History {
         " is not the start of a live allocation recorded in the memory history");
     if (skip_.count(Action::ANNOTATE) == 0) {
       const BlockInfo b = it->second;
-      append(Action::ANNOTATE, b.device, addr, b.size, b.stream, nullptr, metadata);
+      append(Action::ANNOTATE, b.device, addr, b.size, b.stream, std::move(ctx), metadata);
     }
 #else
     (void)addr;

@@ -124,6 +124,7 @@ inline void fill_config_metadata(CCA::SnapshotInfo& info) {
   md.release_lock_on_malloc = false;
   md.pinned_use_host_register = false;
   md.graph_capture_record_stream_reuse = false;
+  cudamem_versions::fill_release_settings(md);
   // The variable torch's CUDA allocator config read (PYTORCH_CUDA_ALLOC_CONF, else the newer
   // PYTORCH_ALLOC_CONF), as cudamem's engine reads them too (AllocatorConfig::from_env).
   const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");

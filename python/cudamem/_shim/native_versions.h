@@ -23,6 +23,7 @@
 
 #include <torch/version.h>
 
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -89,6 +90,18 @@ void parse_skip_actions(const std::vector<std::string>& names, Set& out) {
 #else
   (void)names;
   (void)out;
+#endif
+}
+
+// The snapshot's settings that only some releases have, at torch's defaults: the pinned (host)
+// allocator's max_round_threshold and max_cached_size (torch 2.13 on), which cudamem does not
+// manage. Their structs have no initialisers, so an unset field would be read uninitialised.
+inline void fill_release_settings(CCA::AllocatorConfigInfo& md) {
+#if CUDAMEM_TORCH_AT_LEAST(2, 13)
+  md.max_round_threshold = std::numeric_limits<size_t>::max();
+  md.max_cached_size = std::numeric_limits<size_t>::max();
+#else
+  (void)md;
 #endif
 }
 

@@ -23,6 +23,8 @@ def main():
     ap.add_argument("--allocator", choices=("torch", "cudamem"), required=True)
     ap.add_argument("--captures", type=int, default=1000)
     ap.add_argument("--limit-gb", type=float, default=0.1)
+    ap.add_argument("--blas", choices=("default", "cublas", "cublaslt"), default="cublas",
+                    help="torch.backends.cuda.preferred_blas_library (PyTorch's test uses cublas)")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -32,6 +34,8 @@ def main():
         import cudamem.torch
 
         cudamem.torch.install()
+    if args.blas != "default":
+        torch.backends.cuda.preferred_blas_library(args.blas)
     a = torch.rand((1024, 512), device="cuda")
     b = torch.rand((512, 64), device="cuda")
     torch.mm(a, b)  # warm-up: cuBLAS's handle and workspace outside any graph
