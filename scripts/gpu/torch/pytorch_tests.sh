@@ -262,7 +262,8 @@ PY
     isolated | both)
         step "(6) one test per process (pytorch_tests_isolated.py)"
         left=$(( budget - ($(date +%s) - start) ))
-        [ -f "$work/selected.json" ] && timeout $(( left + 30 )) python3 "$here/pytorch_tests_isolated.py" \
+        [ -f "$work/selected.json" ] && TORCH_EXTENSIONS_DIR="$work/torch-extensions" \
+            timeout $(( left + 30 )) python3 "$here/pytorch_tests_isolated.py" \
             --tests "$tests" --ids "$work/selected.json" --budget-s "$left" ${OUT:+--out "$OUT"} || rc=1
         ;;
     esac

@@ -7,8 +7,8 @@ handles). A user's job starts fresh, so this runs every test in a fresh interpre
 the same plugin (``cudamem_pytest_plugin``: cudamem installed before collection, or not).
 
 Processes side by side share the GPU, which tests that read the device's free memory notice.
-So every test whose outcome is not the same clean one for both allocators (both passed, both
-skipped) runs again, alone, once per allocator, and that serial run is its result.
+So every test whose outcome differs between the allocators runs again, alone, once per
+allocator, and that serial run is its result.
 
     python3 scripts/gpu/torch/pytorch_tests_isolated.py --tests DIR --ids FILE [--jobs 12] \
         [--budget-s 400] [--out DIR]
@@ -29,8 +29,6 @@ import time
 
 from pytorch_tests_merge import summarize
 
-CLEAN = {("passed", "passed"), ("skipped", "skipped")}
-
 
 def run_one(test_file, rootdir, test_id, install, work, limit):
     """(outcome, message, seconds) of one test in its own pytest process."""
@@ -45,7 +43,7 @@ def run_one(test_file, rootdir, test_id, install, work, limit):
     t0 = time.time()
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     took = time.time() - t0
-    outcome, msg = None, ""
+    outcome, msg, segments = None, "", None
     for line in open(events):
         try:
             e = json.loads(line)
@@ -53,12 +51,17 @@ def run_one(test_file, rootdir, test_id, install, work, limit):
             continue
         if e.get("ev") == "result":
             outcome, msg = e["outcome"], e.get("msg", "")
+        elif e.get("ev") == "segments":
+            segments = e["segments"]
         elif e.get("ev") == "configure" and install and e.get("install_mode") != "native":
             outcome, msg = "error", f"cudamem install_mode() {e.get('install_mode')!r}, not native"
     if outcome is None:
         tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
         outcome, msg = ("timeout" if r.returncode in (124, 137) else "crash"), f"rc={r.returncode}: {' | '.join(tail)}"
-    return outcome, msg[:300], took
+    if segments is not None:  # CUDAMEM_PYTEST_SEGMENTS=1: what the test started with, in brief
+        msg += f" [started with {len(segments)} segments: " + ", ".join(
+            f"pool {tuple(g['pool'])} {g['size'] >> 20} MiB{' exp' if g['expandable'] else ''}" for g in segments[:6]) + "]"
+    return outcome, msg[:500], took
 
 
 def main():
@@ -89,8 +92,8 @@ def main():
             i, m = futures[f]
             results[m][i] = f.result()[:2]
     print(f"side by side: {time.time() - t0:.0f} s")
-    again = [i for i in ids if (results["native"][i][0], results["cudamem"][i][0]) not in CLEAN]
-    print(f"{len(again)} tests again, alone (outcomes not both passed or both skipped side by side)")
+    again = [i for i in ids if results["native"][i][0] != results["cudamem"][i][0]]
+    print(f"{len(again)} tests again, alone (their outcomes differed side by side)")
     alone = set()
     for i in again:
         if time.time() > deadline - 2 * args.test_timeout:
@@ -106,7 +109,7 @@ def main():
         mark = " (alone)" if i in alone else ""
         print(f"{i:<{w}}  {n[0]:<9} {c[0]:<9}{mark}")
         if n[0] != c[0]:
-            print(f"{'':<{w}}    native: {n[1][:160]}\n{'':<{w}}    cudamem: {c[1][:160]}")
+            print(f"{'':<{w}}    native: {n[1][:400]}\n{'':<{w}}    cudamem: {c[1][:400]}")
     _, both, regressions = summarize(ids, results["native"], results["cudamem"], " (one test per process)")
     if args.out:
         with open(os.path.join(args.out, "pytorch-tests-isolated.json"), "w") as f:
