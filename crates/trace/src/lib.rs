@@ -16,14 +16,17 @@
 //!
 //! [`read_path`] and [`read_bytes`] pick the format from the content, never from
 //! the file name: gzip magic (`1f 8b`) → gunzip, then look again; pickle `PROTO`
-//! opcode (`0x80`) → pickle; `CUDAMEMT` → compact; a first line starting with
-//! `Thread,` → RMM CSV.
+//! opcode (`0x80`, then protocol 0 to 5) → pickle; `CUDAMEMT` → compact; a first line starting with
+//! `Thread,` → RMM CSV. [`read_path`] decides from the first bytes alone and reads no further
+//! into content of no known format, and reads at most [`MAX_TRACE_BYTES`] (module `input`).
 //!
 //! Guarantees common to every reader:
 //!
 //! * no input makes a reader panic, overflow its stack, or allocate memory
 //!   because a length field says so; malformed input gives a [`TraceError`]
 //!   that names the file and the position (line, entry path or byte offset);
+//! * no input, raw or gunzipped, is read past [`MAX_TRACE_BYTES`] (or the limit given to
+//!   [`read_path_limited`]), so an endless stream ends in an error, not in exhausted memory;
 //! * every `stack: Some(id)` in the returned trace is a valid index into
 //!   [`Trace::stacks`], and each distinct non-empty frame list is stored once;
 //! * events keep the order of the input (which is the time order: snapshot
@@ -37,15 +40,16 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
 
 pub mod compact;
+mod input;
 pub mod pickle;
 mod pickle_vm;
 pub mod rmm;
 
 pub use compact::{read_compact, write_compact};
 pub use cudamem_trace_types::*;
+pub use input::{read_path, read_path_limited, MAX_TRACE_BYTES, SNIFF_BYTES};
 pub use pickle::{read_pickle, write_snapshot_pickle};
 pub use rmm::read_rmm_csv;
 
@@ -70,7 +74,8 @@ pub fn detect_format(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(compact::MAGIC) {
         return Some(Format::Compact);
     }
-    if bytes.first() == Some(&0x80) {
+    // PROTO and a protocol number PyTorch's pickle module can write (0 to 5).
+    if bytes.first() == Some(&0x80) && !matches!(bytes.get(1), Some(&p) if p > 5) {
         return Some(Format::Pickle);
     }
     let text = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
@@ -89,15 +94,18 @@ pub fn detect_format(bytes: &[u8]) -> Option<Format> {
     None
 }
 
-/// Most bytes a gzip'd input may expand to (4 GiB): a guard against gzip
-/// bombs. Real snapshots are far smaller.
-pub const MAX_DECOMPRESSED: u64 = 4 << 30;
+/// Most bytes a gzip'd input may expand to: [`MAX_TRACE_BYTES`], a guard against gzip bombs.
+pub const MAX_DECOMPRESSED: u64 = MAX_TRACE_BYTES;
 
 /// Gunzip `bytes` (all members), refusing to expand past [`MAX_DECOMPRESSED`].
 pub fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>, TraceError> {
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(256 << 20));
+    gunzip_within(bytes, source, MAX_DECOMPRESSED)
+}
+
+fn gunzip_within(bytes: &[u8], source: &str, max_bytes: u64) -> Result<Vec<u8>, TraceError> {
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(256 << 20).min(max_bytes as usize));
     let dec = flate2::read::MultiGzDecoder::new(bytes);
-    dec.take(MAX_DECOMPRESSED + 1).read_to_end(&mut out).map_err(|e| {
+    dec.take(max_bytes + 1).read_to_end(&mut out).map_err(|e| {
         TraceError::new(
             source,
             ErrorKind::Gzip,
@@ -105,13 +113,8 @@ pub fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>, TraceError> {
             format!("gzip decode error: {e}"),
         )
     })?;
-    if out.len() as u64 > MAX_DECOMPRESSED {
-        return Err(TraceError::new(
-            source,
-            ErrorKind::TooLarge,
-            Location::Whole,
-            format!("gzip content expands past {MAX_DECOMPRESSED} bytes"),
-        ));
+    if out.len() as u64 > max_bytes {
+        return Err(input::too_large(source, "the gzip content", max_bytes));
     }
     Ok(out)
 }
@@ -119,9 +122,14 @@ pub fn gunzip(bytes: &[u8], source: &str) -> Result<Vec<u8>, TraceError> {
 /// Read a trace from `bytes`, choosing the format by content (see the crate
 /// docs). `source` names the input in errors and in [`Trace::source`].
 pub fn read_bytes(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
+    read_bytes_within(bytes, source, MAX_DECOMPRESSED)
+}
+
+/// [`read_bytes`] with `max_bytes` as the limit on what gzip content expands to.
+pub(crate) fn read_bytes_within(bytes: &[u8], source: &str, max_bytes: u64) -> Result<Trace, TraceError> {
     match detect_format(bytes) {
         Some(Format::Gzip) => {
-            let inner = gunzip(bytes, source)?;
+            let inner = gunzip_within(bytes, source, max_bytes)?;
             match detect_format(&inner) {
                 Some(Format::Gzip) => Err(TraceError::new(
                     source,
@@ -129,7 +137,7 @@ pub fn read_bytes(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
                     Location::Whole,
                     "gzip inside gzip is not a trace format",
                 )),
-                Some(_) => read_bytes(&inner, source),
+                Some(_) => read_bytes_within(&inner, source, max_bytes),
                 None => Err(unknown(source, &inner, "gzip content")),
             }
         }
@@ -151,7 +159,15 @@ pub fn read_bytes(bytes: &[u8], source: &str) -> Result<Trace, TraceError> {
     }
 }
 
-fn unknown(source: &str, bytes: &[u8], what: &str) -> TraceError {
+pub(crate) fn unknown(source: &str, bytes: &[u8], what: &str) -> TraceError {
+    if bytes.is_empty() {
+        return TraceError::new(
+            source,
+            ErrorKind::UnknownFormat,
+            Location::Whole,
+            format!("{what} is empty: not a trace"),
+        );
+    }
     let head: String = bytes
         .iter()
         .take(8)
@@ -167,23 +183,6 @@ fn unknown(source: &str, bytes: &[u8], what: &str) -> TraceError {
              a CUDAMEMT file or an RMM CSV log starting with 'Thread,'"
         ),
     )
-}
-
-/// Read a trace file, choosing the format by content. [`Trace::source`] is
-/// the file name (without directories).
-pub fn read_path(path: &Path) -> Result<Trace, TraceError> {
-    let source = path
-        .file_name()
-        .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    let bytes = std::fs::read(path).map_err(|e| {
-        TraceError::new(
-            &source,
-            ErrorKind::Io,
-            Location::Whole,
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })?;
-    read_bytes(&bytes, &source)
 }
 
 /// A fast, non-cryptographic hasher (FxHash's multiply-rotate) for the

@@ -116,7 +116,7 @@ fn truncated_and_corrupted_compact_files_never_panic() {
 #[test]
 fn malformed_inputs_error_cleanly() {
     let cases: &[(&[u8], ErrorKind, &str)] = &[
-        (b"", ErrorKind::UnknownFormat, "not a known trace format"),
+        (b"", ErrorKind::UnknownFormat, "content is empty: not a trace"),
         (b"hello world", ErrorKind::UnknownFormat, "not a known trace format"),
         (b"\x1f\x8b\x08\x00", ErrorKind::Gzip, "gzip decode error"),
         (b"\x80\x04N.", ErrorKind::Schema, "snapshot is a None, expected dict"),
