@@ -24,6 +24,7 @@ macro_rules! outln {
 
 mod demo;
 mod fidelity;
+mod files;
 mod replay_cmd;
 mod report_cmds;
 mod scale_cmd;
@@ -34,7 +35,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use cudamem_alloc::size::{human, parse_size};
 use cudamem_replay::ReplayOptions;
-use cudamem_trace::Trace;
+use files::load;
 use indicatif::{ProgressBar, ProgressStyle};
 use replay_cmd::to_json;
 use serde_json::{json, Value};
@@ -236,10 +237,6 @@ fn main() -> ExitCode {
         Command::Scale(a) => scale_cmd::run(a),
     };
     exit(r)
-}
-
-fn load(path: &std::path::Path) -> Result<Trace, String> {
-    cudamem_trace::read_path(path).map_err(|e| e.to_string())
 }
 
 /// What `compare` and `fit` run when no policy is named (the registry's choice).

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 use cudamem_report::{leaks, summary, viz, viz_replay, why, At};
-use cudamem_trace::Trace;
+
+use crate::files::{self, load, Output};
 
 /// The report subcommands (flattened into the top-level command list).
 #[derive(Subcommand)]
@@ -56,7 +57,7 @@ pub enum ReportCommand {
     Viz {
         /// The snapshot or trace file.
         trace: PathBuf,
-        /// Output HTML file.
+        /// Output HTML file (`-`: stdout); never one of the inputs.
         #[arg(short = 'o', long = "output", default_value = "report.html")]
         output: PathBuf,
         /// Show the replay of this policy instead of the recorded allocator.
@@ -69,10 +70,6 @@ pub enum ReportCommand {
         #[arg(long)]
         title: Option<String>,
     },
-}
-
-fn load(path: &Path) -> Result<Trace, String> {
-    cudamem_trace::read_path(path).map_err(|e| e.to_string())
 }
 
 /// Prefixes an error with the trace's file name unless it already names it.
@@ -137,6 +134,7 @@ pub fn run(cmd: ReportCommand) -> crate::CliResult {
             config,
             title,
         } => {
+            let output = files::output("-o", &output, std::slice::from_ref(&trace))?;
             let t = load(&trace)?;
             let title = title.unwrap_or_else(|| match &policy {
                 Some(p) => format!("{} replayed with {p}", t.source),
@@ -150,8 +148,13 @@ pub fn run(cmd: ReportCommand) -> crate::CliResult {
                 }
                 None => viz(&t, &title),
             };
-            std::fs::write(&output, html.as_bytes()).map_err(|e| format!("cannot write {}: {e}", output.display()))?;
-            eprintln!("wrote {} ({} KiB)", output.display(), html.len().div_ceil(1024));
+            match &output {
+                Output::Stdout => out!("{html}"),
+                Output::File(p) => {
+                    std::fs::write(p, html.as_bytes()).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+                    eprintln!("wrote {} ({} KiB)", p.display(), html.len().div_ceil(1024));
+                }
+            }
             Ok(())
         }
     }

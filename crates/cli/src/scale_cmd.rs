@@ -11,6 +11,7 @@ use cudamem_estimate::{gpu_capacity, holdout, largest_batch, peak_at, Largest, P
 use cudamem_replay::ReplayOptions;
 use serde_json::json;
 
+use crate::files::{output, Output};
 use crate::{load, policies, CliResult};
 
 /// The arguments of `cudamem scale`.
@@ -40,7 +41,8 @@ pub struct ScaleArgs {
     /// The largest batch the search for --capacity tries.
     #[arg(long, default_value_t = 1 << 20)]
     limit: u64,
-    /// Write the trace scaled to --at (a PyTorch snapshot pickle, for replay, why, viz).
+    /// Write the trace scaled to --at (a PyTorch snapshot pickle, for replay, why, viz) to this
+    /// file, never one of the inputs.
     #[arg(long)]
     write: Option<PathBuf>,
     /// Print one JSON object.
@@ -98,6 +100,15 @@ pub fn run(a: ScaleArgs) -> CliResult {
     if a.write.is_some() && a.at.is_none() {
         return Err("--write writes the trace scaled to --at: give --at too".into());
     }
+    let write = match &a.write {
+        Some(p) => match output("--write", p, &a.traces)? {
+            Output::File(p) => Some(p),
+            Output::Stdout => {
+                return Err("--write -: the pickle would mix with the report on stdout; give a file name".into())
+            }
+        },
+        None => None,
+    };
     let capacity = a.capacity.as_deref().map(gpu_capacity).transpose()?;
     let traces = a.traces.iter().map(|p| load(p)).collect::<Result<Vec<_>, _>>()?;
     let model = ScaleModel::learn(&traces, &a.batch, a.degree)?;
@@ -122,7 +133,7 @@ pub fn run(a: ScaleArgs) -> CliResult {
             larg.push(largest_batch(&model, &opts(p), c, a.limit)?);
         }
     }
-    if let (Some(path), Some(b)) = (&a.write, a.at) {
+    if let (Some(path), Some(b)) = (&write, a.at) {
         let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         cudamem_trace::write_snapshot_pickle(&model.at(b), std::io::BufWriter::new(f))
             .map_err(|e| format!("{}: {e}", path.display()))?;
