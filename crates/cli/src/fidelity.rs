@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use cudamem_alloc::policy::registry;
 use cudamem_replay::{replay, ReplayOptions};
+use cudamem_trace::Action;
 
 /// Live `memory_stats()` saved beside a trace as `NAME.KIND.stats.json`, if present.
 fn live_peak(trace: &Path, kind: &str) -> Option<u64> {
@@ -26,26 +27,53 @@ fn live_peak(trace: &Path, kind: &str) -> Option<u64> {
         .ok()
 }
 
-/// Prints the markdown table.
+/// What a trace with no segment history gets: the table compares the trace's own segment
+/// allocations with the replay's, so without them there is nothing to compare.
+fn nothing_to_compare(name: &str) -> String {
+    format!(
+        "{name}: nothing to compare: the trace has no segment history (no segment_alloc or \
+         segment_map entry; RMM logs and snapshots taken without recording history have none)"
+    )
+}
+
+/// Prints the markdown table. A trace with nothing to compare stops the command with a message
+/// (the table's header is printed only once there is a row to put under it).
 pub fn run(paths: &[PathBuf]) -> crate::CliResult {
-    outln!("| trace | trace peak reserved | replay peak reserved (`pytorch`) | trace device allocs | replay device allocs | live peak, expandable | replay peak (`pytorch-expandable`) | difference |");
-    outln!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut header = false;
     let mut mismatches = 0;
     for path in paths {
-        let trace = cudamem_trace::read_path(path).map_err(|e| e.to_string())?;
+        let name = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let trace = crate::load(path)?;
+        if trace.count(Action::SegmentAlloc) + trace.count(Action::SegmentMap) == 0 {
+            return Err(nothing_to_compare(&name).into());
+        }
         let opts = |p: &str| ReplayOptions {
             policy: p.into(),
             repeats: 0,
             ..ReplayOptions::default()
         };
         let native = replay(&trace, &opts(registry::PYTORCH))?;
-        let d = &native.devices[0];
-        if d.peak_reserved_bytes != d.trace_peak_reserved_bytes || d.device_allocs != d.trace_device_allocs {
+        // The row shows the first device with segment history; every device must match.
+        let Some(d) = native.devices.iter().find(|d| d.trace_device_allocs > 0) else {
+            return Err(nothing_to_compare(&name).into());
+        };
+        if native
+            .devices
+            .iter()
+            .any(|d| d.peak_reserved_bytes != d.trace_peak_reserved_bytes || d.device_allocs != d.trace_device_allocs)
+        {
             mismatches += 1;
         }
         let (live, exp, diff) = match live_peak(path, "expandable") {
             Some(live) => {
-                let e = replay(&trace, &opts(registry::PYTORCH_EXPANDABLE))?.devices[0].peak_reserved_bytes;
+                let r = replay(&trace, &opts(registry::PYTORCH_EXPANDABLE))?;
+                let e = r
+                    .devices
+                    .iter()
+                    .find(|e| e.device == d.device)
+                    .map_or(0, |e| e.peak_reserved_bytes);
                 (
                     live.to_string(),
                     e.to_string(),
@@ -54,9 +82,11 @@ pub fn run(paths: &[PathBuf]) -> crate::CliResult {
             }
             None => ("—".into(), "—".into(), "—".into()),
         };
-        let name = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        if !header {
+            outln!("| trace | trace peak reserved | replay peak reserved (`pytorch`) | trace device allocs | replay device allocs | live peak, expandable | replay peak (`pytorch-expandable`) | difference |");
+            outln!("|---|---:|---:|---:|---:|---:|---:|---:|");
+            header = true;
+        }
         outln!(
             "| {name} | {} | {} | {} | {} | {live} | {exp} | {diff} |",
             d.trace_peak_reserved_bytes,

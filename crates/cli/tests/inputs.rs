@@ -84,6 +84,35 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
+fn fidelity_on_a_trace_without_segment_history_says_there_is_nothing_to_compare() {
+    let dir = temp_dir("fidelity");
+    // pickle.dumps({'segments': [], 'device_traces': []}, protocol=2)
+    let empty = dir.join("e.pickle");
+    std::fs::write(
+        &empty,
+        b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04u.",
+    )
+    .unwrap();
+    let header_only = dir.join("h.csv");
+    std::fs::write(&header_only, "Thread,Time,Action,Pointer,Size,Stream\n").unwrap();
+    // One allocation, which failed: no segment was ever allocated.
+    let failed = dir.join("failed.csv");
+    std::fs::write(
+        &failed,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,1,allocate failure,0x0,1099511627776,0x0\n",
+    )
+    .unwrap();
+    for path in [&empty, &header_only, &failed] {
+        let out = run(&["fidelity", path.to_str().unwrap()]);
+        let err = refused(&out);
+        assert!(err.contains("nothing to compare"), "{err}");
+        assert!(!err.contains("not reproduced"), "{err}");
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn endless_zeros_and_noise_are_refused_at_once() {
     let out = cudamem()
         .args(["replay", "/dev/zero"])
