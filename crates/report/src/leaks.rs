@@ -290,6 +290,15 @@ pub fn leaks(trace: &Trace, at: &At) -> Result<LeakReport, String> {
 }
 
 impl LeakReport {
+    /// The point as a sentence says it: "after event N" as it is, every other point after "at".
+    fn point_phrase(&self) -> String {
+        if self.point.starts_with("after ") {
+            self.point.clone()
+        } else {
+            format!("at {}", self.point)
+        }
+    }
+
     /// The text rendering with the `top` largest groups and at most `frames` frames each.
     pub fn to_text(&self, top: usize, frames: usize) -> String {
         let mut s = String::new();
@@ -297,12 +306,12 @@ impl LeakReport {
         let sites = self.groups.len();
         let _ = writeln!(
             s,
-            "{}: {} live allocation{} ({}) at {} from {} call site{} (from the {})",
+            "{}: {} live allocation{} ({}) {} from {} call site{} (from the {})",
             self.source,
             self.count,
             if self.count == 1 { "" } else { "s" },
             human(self.bytes),
-            self.point,
+            self.point_phrase(),
             sites,
             if sites == 1 { "" } else { "s" },
             self.basis

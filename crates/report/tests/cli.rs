@@ -99,6 +99,9 @@ fn leaks_text_json_top_and_at() {
         !top1.contains("<no stack recorded>") && top1.contains("... 1 more call sites: 32.0 MiB in 1 allocations"),
         "{top1}"
     );
+    let at0 = ok(&["leaks", SEED, "--at", "0"]);
+    assert!(at0.lines().next().unwrap().contains(") after event 0 from "), "{at0}");
+    assert!(!at0.contains("at after"), "{at0}");
     let j: serde_json::Value = serde_json::from_str(&ok(&["leaks", SEED, "--json", "--at", "20"])).unwrap();
     assert_eq!((j["count"].as_u64(), j["bytes"].as_u64()), (Some(9), Some(46_607_516)));
     assert_eq!(j["basis"], "trace events");
