@@ -2,6 +2,7 @@
 //! recorded (its segment history, and the live stats saved beside the trace) next to what the
 //! replay reproduces.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use cudamem_alloc::policy::registry;
@@ -16,7 +17,13 @@ fn live_peak(trace: &Path, kind: &str) -> Option<u64> {
         .trim_end_matches(".gz")
         .trim_end_matches(".pickle");
     let p = trace.with_file_name(format!("{name}.{kind}.stats.json"));
-    let text = std::fs::read_to_string(p).ok()?;
+    // Read at most 1 MiB, so that a path naming an endless stream cannot stall the table.
+    let mut text = String::new();
+    std::fs::File::open(p)
+        .ok()?
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
     let key = "\"reserved_bytes.all.peak\":";
     let at = text.find(key)? + key.len();
     text[at..]
