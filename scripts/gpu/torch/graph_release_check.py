@@ -6,9 +6,17 @@ times and fails if the device's used memory (``torch.cuda.mem_get_info``) grew b
 with torch's allocator or with cudamem, and prints the device's used memory, reserved memory and
 the snapshot's segments per pool at checkpoints, so that a growth shows where it sits.
 
+The first capture of a process pays a one-time cost with either allocator (the capture
+stream's cuBLAS workspace in the graph's pool, and the driver's own graph resources outside any
+allocator), so "flat" is measured from after the first capture to after the last; the first
+capture's cost is printed beside it. (PyTorch's test measures from before the first capture, so
+in a fresh process it fails wherever that one-time cost exceeds 0.1 GB, with torch's allocator
+too.)
+
     python3 scripts/gpu/torch/graph_release_check.py --allocator cudamem --captures 1000 [--json F]
 
-Exit status 1 when used memory grew by more than ``--limit-gb`` (default 0.1, the test's bound).
+Exit status 1 when used memory grew by more than ``--limit-gb`` (default 0.1, the test's bound)
+from after the first capture to after the last.
 """
 
 import argparse
@@ -61,18 +69,20 @@ def main():
     del g
     torch.cuda.synchronize()
     rows.append(dict(state(args.captures), captures=f"{args.captures}, last graph deleted"))
-    grew = rows[-2]["used_gb"] - rows[0]["used_gb"]
+    first = rows[1]["used_gb"] - rows[0]["used_gb"]
+    grew = rows[-2]["used_gb"] - rows[1]["used_gb"]
     print(f"{args.allocator}: {args.captures} captures of torch.mm in {time.time() - t0:.1f} s")
     print(f"{'captures':>28} {'used GB':>9} {'reserved GB':>12} {'segments':>9} {'pools':>6} {'in (0,0)':>9}")
     for r in rows:
         print(f"{str(r['captures']):>28} {r['used_gb']:9.3f} {r['reserved_gb']:12.3f} {r['segments']:9d} "
               f"{r['pools']:6d} {r['default_pool_segments']:9d}")
     ok = grew <= args.limit_gb
-    print(f"used memory grew by {grew:.3f} GB over {args.captures} captures (limit {args.limit_gb} GB): "
-          f"{'FLAT' if ok else 'GREW'}")
+    print(f"the first capture took {first:.3f} GB; from then to the last, used memory grew by {grew:.3f} GB "
+          f"(limit {args.limit_gb} GB): {'FLAT' if ok else 'GREW'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"allocator": args.allocator, "captures": args.captures, "grew_gb": grew, "flat": ok,
+            json.dump({"allocator": args.allocator, "captures": args.captures, "first_capture_gb": first,
+                       "grew_gb": grew, "flat": ok,
                        "rows": rows}, f, indent=1)
     return 0 if ok else 1
 
