@@ -259,14 +259,14 @@ impl AllocatorConfig {
     /// `PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_HIP_ALLOC_CONF`,
     /// `PYTORCH_ALLOC_CONF`) and parses it. As in PyTorch, a variable that is
     /// set but empty still wins and gives the defaults; none set gives the
-    /// defaults.
+    /// defaults. An error's message starts with the variable's name.
     pub fn from_env() -> Result<AllocatorConfig, ConfigError> {
         for var in ENV_VARS {
             if let Some(value) = std::env::var_os(var) {
                 let text = value
                     .to_str()
                     .ok_or_else(|| ConfigError::new(var, format!("{var}: value {value:?} is not valid UTF-8")))?;
-                return AllocatorConfig::parse(text);
+                return AllocatorConfig::parse_var(var, text);
             }
         }
         Ok(AllocatorConfig::default())
@@ -278,10 +278,20 @@ impl AllocatorConfig {
     pub fn from_env_with(mut lookup: impl FnMut(&str) -> Option<String>) -> Result<AllocatorConfig, ConfigError> {
         for var in ENV_VARS {
             if let Some(value) = lookup(var) {
-                return AllocatorConfig::parse(&value);
+                return AllocatorConfig::parse_var(var, &value);
             }
         }
         Ok(AllocatorConfig::default())
+    }
+
+    /// [`parse`](Self::parse) of the value of the environment variable `var`:
+    /// an error's message starts with the variable's name; its key is the
+    /// parser's.
+    fn parse_var(var: &str, value: &str) -> Result<AllocatorConfig, ConfigError> {
+        AllocatorConfig::parse(value).map_err(|e| ConfigError {
+            message: format!("{var}: {}", e.message),
+            key: e.key,
+        })
     }
 
     /// Applies a settings string at runtime, as PyTorch's

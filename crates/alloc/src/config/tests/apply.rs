@@ -109,6 +109,31 @@ fn from_env_priority() {
 }
 
 #[test]
+fn from_env_errors_name_the_variable_they_come_from() {
+    for var in ENV_VARS {
+        let e = AllocatorConfig::from_env_with(|v: &str| (v == var).then(|| "max_split_size_mb:banana".to_string()))
+            .unwrap_err();
+        assert!(e.message().starts_with(&format!("{var}: ")), "{e}");
+        assert!(e.message().contains("banana"), "{e}");
+        assert_eq!(e.key(), "max_split_size_mb");
+        assert_eq!(e.to_string(), e.message());
+    }
+    // The variable that wins is the one named, not one it hides.
+    let e = AllocatorConfig::from_env_with(|v: &str| match v {
+        "PYTORCH_CUDA_ALLOC_CONF" => Some("x:1".to_string()),
+        "PYTORCH_ALLOC_CONF" => Some("y:1".to_string()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(e.message().starts_with("PYTORCH_CUDA_ALLOC_CONF: "), "{e}");
+    // parse() names no variable.
+    assert!(!AllocatorConfig::parse("x:1")
+        .unwrap_err()
+        .message()
+        .contains("ALLOC_CONF"));
+}
+
+#[test]
 fn roundup_bucket_layout() {
     let b = AllocatorConfig::roundup_power2_bucket;
     assert_eq!(b(0), 0);
