@@ -45,7 +45,7 @@ mod target;
 /// Where the simulated GPU places segments ([`ReplayOptions::placement`]).
 pub use cudamem_device::sim::Placement;
 pub use pass::{free_leftovers, run_observed, run_once, Observer, Quiet, DEFERRED_STREAM_BASE};
-pub use program::{Op, Program};
+pub use program::{DoubleAllocs, Op, Program};
 pub use run::{
     check_sim_capacity, effective_config, fit, replay, replay_device, settings_string, DeviceResult, ReplayOptions,
     ReplayResult,

@@ -78,8 +78,20 @@ pub struct Program {
     pub trace_device_allocs: u64,
     /// Frees whose allocation the trace does not contain (recorded before history started).
     pub unmatched_frees: u64,
+    /// Allocations of an address that was still live (the trace lost its free).
+    pub double_allocs: DoubleAllocs,
     /// Whether deferred frees wait for their `free_completed` (see `ReplayOptions`).
     pub deferred_frees: bool,
+}
+
+/// Allocations at an address the trace had already allocated and not freed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DoubleAllocs {
+    /// How many.
+    pub count: u64,
+    /// The first: its address, its event index, and the event index of the allocation that
+    /// was still live there.
+    pub first: Option<(u64, usize, usize)>,
 }
 
 impl Program {
@@ -93,6 +105,9 @@ impl Program {
         };
         let mut live: HashMap<u64, u32> = HashMap::new();
         let mut vacant: Vec<u32> = Vec::new();
+        // Per slot, the event index of the allocation that holds it (to name it in a double
+        // allocation).
+        let mut slot_event: Vec<usize> = Vec::new();
         // Deferred frees waiting for their free_completed: address -> replay stream.
         let mut pending: HashMap<u64, u32> = HashMap::new();
         let (mut reserved, mut in_release_run) = (0i64, false);
@@ -110,7 +125,17 @@ impl Program {
                     });
                     // An address allocated twice without a free between (a free the trace
                     // lost) leaves the first slot occupied: its allocation lives to the end.
-                    live.insert(e.addr, slot);
+                    if let Some(old) = live.insert(e.addr, slot) {
+                        let d = &mut p.double_allocs;
+                        d.count += 1;
+                        if d.first.is_none() {
+                            d.first = Some((e.addr, i, slot_event[old as usize]));
+                        }
+                    }
+                    if slot_event.len() <= slot as usize {
+                        slot_event.resize(slot as usize + 1, 0);
+                    }
+                    slot_event[slot as usize] = i;
                     let op = Op::Malloc {
                         size: e.size,
                         stream: e.stream,
@@ -234,5 +259,32 @@ mod tests {
         assert_eq!(slots, vec![0, 1, 0, 0, 2, 3, 3]);
         assert_eq!(p.slots, 4, "never more than four slots held at once");
         assert_eq!(p.trace_ops, 7);
+    }
+
+    #[test]
+    fn an_address_allocated_twice_is_counted_with_its_events() {
+        use Action::{Alloc, FreeCompleted as Done, FreeRequested as Free};
+        let events = [ev(Alloc, 0x1000), ev(Alloc, 0x2000), ev(Free, 0x2000), ev(Done, 0x2000)];
+        let p = Program::compile(&DeviceTrace {
+            device: 0,
+            events: events.to_vec(),
+        });
+        assert_eq!(
+            p.double_allocs,
+            DoubleAllocs::default(),
+            "a freed address is not a double"
+        );
+        let events = [
+            ev(Alloc, 0x1000),
+            ev(Alloc, 0x2000),
+            ev(Alloc, 0x1000),
+            ev(Alloc, 0x1000),
+        ];
+        let p = Program::compile(&DeviceTrace {
+            device: 0,
+            events: events.to_vec(),
+        });
+        assert_eq!(p.double_allocs.count, 2);
+        assert_eq!(p.double_allocs.first, Some((0x1000, 2, 0)));
     }
 }

@@ -1,5 +1,7 @@
 //! Running a [`Program`] on a simulated device, timing it, and searching the smallest capacity.
 
+use cudamem_alloc::config::Backend;
+use cudamem_alloc::policy::registry;
 use cudamem_alloc::{AllocatorConfig, DeviceStats};
 use cudamem_device::sim::{Placement, SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, DeviceCounters};
@@ -96,6 +98,9 @@ pub struct DeviceResult {
     pub trace_device_allocs: u64,
     /// `oom` entries in the trace.
     pub trace_ooms: u64,
+    /// Allocations of an address the trace had allocated and not freed (a lost free): the
+    /// replay keeps the earlier allocation live to the end.
+    pub double_allocs: crate::DoubleAllocs,
     /// Frees of an address the trace never allocated (an allocation made before recording
     /// started, or a lost event). The replay skips them; they are counted in `ops`.
     pub unmatched_frees: u64,
@@ -135,9 +140,41 @@ pub fn effective_config(trace: &Trace, opts: &ReplayOptions) -> Result<Allocator
         cfg.expandable_segments = true;
     }
     if let Some(s) = opts.config.as_deref().filter(|s| !s.trim().is_empty()) {
+        check_replay_config(s, &opts.policy)?;
         cfg.apply(s).map_err(|e| format!("--config: {e}"))?;
     }
     Ok(cfg)
+}
+
+/// Refuses the keys of a replay's `--config` that the replay cannot honour as written, with
+/// what to do instead: `backend:cudaMallocAsync` (a replay runs the caching allocator; the
+/// stream-ordered allocator has no cache to replay), and a `policy:` key that names no policy
+/// or another policy than the one replayed (one replay runs one policy, named once). The
+/// string is read as at process start, since each replay starts a fresh allocator.
+fn check_replay_config(s: &str, policy: &str) -> Result<(), String> {
+    let own = AllocatorConfig::parse(s).map_err(|e| format!("--config: {e}"))?;
+    if own.backend != Backend::Native {
+        return Err(format!(
+            "--config: backend:{}: a replay runs PyTorch's caching allocator (backend:native); \
+             CUDA's stream-ordered allocator keeps no cache to replay, so leave the backend key out",
+            own.backend
+        ));
+    }
+    if let Some(p) = own.policy.as_deref() {
+        if registry::entry(p).is_none() {
+            return Err(format!(
+                "--config: policy:{p}: unknown policy (known: {})",
+                registry::POLICY_NAMES.join(", ")
+            ));
+        }
+        if p != policy {
+            return Err(format!(
+                "--config names policy '{p}' but the replay runs policy '{policy}' (--policy): \
+                 name the policy once, with --policy or with the policy key"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Pools the policies keep per stream (small and large); each may hold one expandable segment.
@@ -283,6 +320,7 @@ pub fn replay_device(
         trace_device_allocs: p.trace_device_allocs,
         trace_ooms: p.trace_ooms,
         unmatched_frees: p.unmatched_frees,
+        double_allocs: p.double_allocs,
     })
 }
 

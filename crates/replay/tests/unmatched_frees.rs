@@ -54,3 +54,21 @@ fn frees_of_never_allocated_addresses_are_counted_per_device() {
         assert_eq!(r.devices[0].stats_at_end.allocated_bytes.all().current, 0);
     }
 }
+
+#[test]
+fn an_address_allocated_twice_is_reported_with_its_events() {
+    let mut d0 = vec![ev(Action::Alloc, 0x10_0000), ev(Action::Alloc, 0x10_0000)];
+    d0.extend(free(0x10_0000));
+    let t = Trace {
+        source: "double".into(),
+        devices: vec![DeviceTrace { device: 0, events: d0 }],
+        ..Default::default()
+    };
+    let opts = ReplayOptions {
+        repeats: 0,
+        ..ReplayOptions::default()
+    };
+    let r = replay(&t, &opts).unwrap();
+    assert_eq!(r.devices[0].double_allocs.count, 1);
+    assert_eq!(r.devices[0].double_allocs.first, Some((0x10_0000, 1, 0)));
+}
