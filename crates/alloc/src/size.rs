@@ -14,6 +14,13 @@
 
 use std::fmt;
 
+/// What a size may be, in one sentence for error messages and help texts: every message of a
+/// [`SizeError`] ends with it, and the command line's size options quote it.
+pub const UNITS_HELP: &str = "a bare number is bytes; decimal units KB, MB, GB, TB, PB, EB are \
+     powers of 1000 (1GB = 10^9 bytes); binary units KiB, MiB, GiB, TiB, PiB, EiB are powers of 1024 \
+     (1GiB = 2^30 bytes), and K, M, G, T, P, E are short for them (8G = 8GiB); either case; \
+     e.g. 80GiB, 141GB, 1073741824";
+
 /// The units, lower-cased, and their multipliers.
 const UNITS: [(&str, u64); 19] = [
     ("b", 1),
@@ -78,19 +85,12 @@ impl fmt::Display for SizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.input;
         match &self.kind {
-            SizeErrorKind::Negative => write!(
-                f,
-                "size '{s}' is negative: give a number of bytes of at least 1, with an optional unit \
-                 (80GiB, 141GB, 1073741824)"
-            ),
-            SizeErrorKind::UnknownUnit(u) => write!(
-                f,
-                "unknown size unit '{u}' in '{s}' (use B, KB, MB, GB, TB, PB, EB, KiB, MiB, GiB, TiB, \
-                 PiB or EiB, in either case)"
-            ),
+            SizeErrorKind::Negative => write!(f, "size '{s}' is negative"),
+            SizeErrorKind::UnknownUnit(u) => write!(f, "unknown size unit '{u}' in '{s}'"),
             SizeErrorKind::OutOfRange => write!(f, "size '{s}' is out of range (1 byte to 16 EiB less one byte)"),
-            SizeErrorKind::NotASize => write!(f, "'{s}' is not a size (examples: 80GiB, 141GB, 1073741824)"),
-        }
+            SizeErrorKind::NotASize => write!(f, "'{s}' is not a size"),
+        }?;
+        write!(f, " ({UNITS_HELP})")
     }
 }
 
@@ -176,6 +176,14 @@ mod tests {
         assert_eq!(parse_size(" +8 GiB ").unwrap(), 8 << 30);
         assert!(msg("12XB").contains("unknown size unit 'XB' in '12XB'"));
         assert!(msg("abc").contains("'abc' is not a size"));
+        // Every message says what a bare number means and which units are decimal.
+        for bad in ["12XB", "abc", "0", "-1"] {
+            let m = msg(bad);
+            assert!(
+                m.contains("a bare number is bytes") && m.contains("1GB = 10^9") && m.contains("8G = 8GiB"),
+                "{m}"
+            );
+        }
         assert_eq!(parse_size("0").unwrap_err().kind(), &SizeErrorKind::OutOfRange);
         assert_eq!(human(3 << 30), "3.00 GiB");
         assert_eq!(human(512), "512 B");

@@ -161,6 +161,53 @@ pub fn with_implied_settings(config: &str, policy: &str) -> String {
     out
 }
 
+/// A warning when `config` (a `PYTORCH_CUDA_ALLOC_CONF` string) sets `expandable_segments`
+/// and the policy `name` does not follow it: the name implies the other value, or the policy
+/// grows its pools the same way under either value. `None` when the setting is followed, not
+/// given, or the string does not parse (its parser reports that).
+pub fn ignored_expandable_setting(name: &str, config: &str) -> Option<String> {
+    let e = entry(name)?;
+    let given = AllocatorConfig::parse(config).ok()?;
+    if !config.contains("expandable_segments") {
+        return None;
+    }
+    let wanted = given.expandable_segments;
+    let mut cfg = given.clone();
+    let policy = by_name(name, &mut cfg).ok()?;
+    let grows = |expandable: bool| {
+        let mut c = cfg.clone();
+        c.expandable_segments = expandable;
+        (0..policy.pools().len())
+            .map(|i| policy.expandable_page_size(&c, super::PoolId(i as u16)).is_some())
+            .collect::<Vec<_>>()
+    };
+    if cfg.expandable_segments != wanted {
+        Some(format!(
+            "policy '{}' implies expandable_segments:{}; the expandable_segments:{} of the configuration is ignored",
+            e.name,
+            py_bool(cfg.expandable_segments),
+            py_bool(wanted)
+        ))
+    } else if grows(true) == grows(false) {
+        Some(format!(
+            "policy '{}' grows its pools the same way whatever expandable_segments says; \
+             expandable_segments:{} has no effect on it (policy pytorch follows the setting)",
+            e.name,
+            py_bool(wanted)
+        ))
+    } else {
+        None
+    }
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
 /// The policies `compare` and `fit` run when none is named, comma-separated.
 pub fn default_policies() -> String {
     let mut v: Vec<(u8, &str)> = REGISTRY
@@ -228,5 +275,20 @@ mod tests {
         assert!(replays_recorded_decisions(PYTORCH));
         assert!(!replays_recorded_decisions(PYTORCH_EXPANDABLE) && !replays_recorded_decisions(DEFAULT));
         assert_eq!(default_policies(), "pytorch,pytorch-expandable,cudamem");
+    }
+
+    #[test]
+    fn an_expandable_setting_a_policy_does_not_follow_is_named() {
+        let w = ignored_expandable_setting(DEFAULT, "expandable_segments:False").unwrap();
+        assert!(w.contains("'cudamem'") && w.contains("no effect"), "{w}");
+        let w = ignored_expandable_setting(PYTORCH_EXPANDABLE, "expandable_segments:False").unwrap();
+        assert!(w.contains("implies expandable_segments:True"), "{w}");
+        assert_eq!(ignored_expandable_setting(PYTORCH, "expandable_segments:False"), None);
+        assert_eq!(ignored_expandable_setting(PYTORCH, "expandable_segments:True"), None);
+        assert_eq!(
+            ignored_expandable_setting(PYTORCH_EXPANDABLE, "expandable_segments:True"),
+            None
+        );
+        assert_eq!(ignored_expandable_setting(DEFAULT, "max_split_size_mb:64"), None);
     }
 }
