@@ -1,8 +1,16 @@
 //! Named GPUs for `--capacity`: the memory torch reports as the device's total (its
 //! out-of-memory messages' "total capacity"), which is less than the board's nominal size.
-//! A name is matched case-insensitively; anything else is parsed as a size (`80GiB`).
+//! A name is matched case-insensitively; anything else is parsed as a size (`80GiB`) by the
+//! one size parser ([`parse_size`], whose unit table every command shares). Every command that
+//! takes a GPU's memory reads it here, so a name that works for one works for all.
+//!
+//! A capacity under [`MIN_CAPACITY`] is refused: no GPU is that small, and such a number is
+//! almost always a size written without its unit (`8` for `8GiB`, since a bare number is bytes).
 
-use cudamem_alloc::size::parse_size;
+use cudamem_alloc::size::{human, parse_size};
+
+/// The smallest capacity a `--capacity` accepts.
+pub const MIN_CAPACITY: u64 = 1 << 20;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -28,13 +36,30 @@ pub fn gpu_capacity(s: &str) -> Result<u64, String> {
         return Ok(*b);
     }
     match parse_size(s) {
-        Ok(0) => Err(format!("capacity '{s}': a GPU with no memory fits nothing")),
-        Ok(b) => Ok(b),
+        Ok(b) => check_capacity(s, b),
         Err(e) => Err(format!(
-            "capacity '{s}' is neither a size nor a known GPU ({e}); known GPUs: {}",
-            GPUS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            "capacity '{s}' is neither a size nor a known GPU (known GPUs: {}): {e}",
+            gpu_names()
         )),
     }
+}
+
+/// `bytes` (written `s`) as a GPU's memory: refused under [`MIN_CAPACITY`].
+pub fn check_capacity(s: &str, bytes: u64) -> Result<u64, String> {
+    if bytes < MIN_CAPACITY {
+        return Err(format!(
+            "capacity '{s}' is {}, less than 1 MiB: no GPU is that small. A bare number is bytes; \
+             give a unit (8GiB, 80GB) or a GPU name ({})",
+            human(bytes),
+            gpu_names()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The names of [`GPUS`], comma-separated.
+pub fn gpu_names() -> String {
+    GPUS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
@@ -48,5 +73,18 @@ mod tests {
         let e = gpu_capacity("h300").unwrap_err();
         assert!(e.contains("h100-80gb"), "{e}");
         assert!(gpu_capacity("0").is_err());
+    }
+
+    #[test]
+    fn a_capacity_under_a_mebibyte_is_refused_with_the_units() {
+        let e = gpu_capacity("8").unwrap_err();
+        assert!(
+            e.contains("8 B") && e.contains("bare number is bytes") && e.contains("h200"),
+            "{e}"
+        );
+        assert!(gpu_capacity("1023KiB").is_err());
+        assert_eq!(gpu_capacity("1MiB").unwrap(), 1 << 20);
+        let e = gpu_capacity("8XB").unwrap_err();
+        assert!(e.contains("known GPU") && e.contains("1GB = 10^9"), "{e}");
     }
 }

@@ -46,7 +46,7 @@ pub mod report;
 
 pub use align::{align, Alignment, AlignmentKind};
 pub use fit::{fit_sizes, SizeFit};
-pub use gpus::{gpu_capacity, GPUS};
+pub use gpus::{check_capacity, gpu_capacity, gpu_names, GPUS, MIN_CAPACITY};
 pub use orders::{replay_in_orders, OrdersFit, LIKELY_SHARE, ORDERS};
 pub use predict::{confidence, fits, holdout, largest_batch, peak_at, Largest, Peak, Quality, ScaleModel};
 pub use report::{replay_report, scale_report, ScaleRequest};

@@ -17,6 +17,7 @@
 
 use std::collections::HashMap;
 
+use cudamem_alloc::size::human;
 use cudamem_replay::{replay, ReplayOptions};
 use cudamem_trace::{Action, Trace};
 
@@ -73,7 +74,11 @@ pub struct Quality {
     /// With three or more traces: the relative error of the peak reserved predicted for the
     /// largest recorded batch from the others, against that trace's own replay.
     pub holdout_error: Option<f64>,
-    /// `high`, `medium` or `low`.
+    /// Whether the traces are too few to judge the fit: a polynomial of degree d passes exactly
+    /// through d + 1 traces, so their residuals are 0 whatever the job does.
+    pub fit_exact_by_construction: bool,
+    /// `high`, `medium`, `low`, or `unknown` (too few traces to judge, see
+    /// `fit_exact_by_construction`).
     pub confidence: &'static str,
 }
 
@@ -143,6 +148,7 @@ impl ScaleModel {
             fits.push(f);
             kept.push(k);
         }
+        falling_memory(&alignment, batches)?;
         Ok(ScaleModel {
             base: traces[alignment.base].clone(),
             batches: batches.to_vec(),
@@ -218,11 +224,43 @@ impl ScaleModel {
             residual_share: if total > 0.0 { res / total } else { 0.0 },
             extrapolation: target as f64 / self.base_batch() as f64,
             holdout_error: None,
+            fit_exact_by_construction: self.batches.len() <= self.degree + 1,
             confidence: "",
         };
         q.confidence = confidence(&q);
         q
     }
+}
+
+/// Refuses traces whose matched allocations total less at the largest batch than at the
+/// smallest: memory that falls as the batch grows is almost always batch sizes given in
+/// another order than the traces, and a fit through them predicts less memory for more work.
+fn falling_memory(a: &Alignment, batches: &[u64]) -> Result<(), String> {
+    let total = |i: usize| -> u128 {
+        a.devices
+            .iter()
+            .flat_map(|d| d.sizes.iter().zip(&d.matched))
+            .filter(|(_, &m)| m)
+            .map(|(s, _)| u128::from(s.get(i).copied().unwrap_or(0)))
+            .sum()
+    };
+    let lo = (0..batches.len()).min_by_key(|&i| batches[i]).unwrap_or(0);
+    let hi = (0..batches.len()).max_by_key(|&i| batches[i]).unwrap_or(0);
+    let (small, large) = (total(lo), total(hi));
+    if large < small {
+        let h = |b: u128| human(u64::try_from(b).unwrap_or(u64::MAX));
+        return Err(format!(
+            "memory falls as the batch grows: the allocations of trace {} (batch {}) total {}, those of \
+             trace {} (batch {}) {}; give the batch sizes in the order of the traces",
+            hi + 1,
+            batches[hi],
+            h(large),
+            lo + 1,
+            batches[lo],
+            h(small)
+        ));
+    }
+    Ok(())
 }
 
 /// The one-word confidence of a [`Quality`].
@@ -231,6 +269,8 @@ pub fn confidence(q: &Quality) -> &'static str {
     let hold = q.holdout_error.unwrap_or(0.0);
     if matched < 0.9 || q.residual_share > 0.05 || hold > 0.05 || q.extrapolation > 32.0 {
         "low"
+    } else if q.fit_exact_by_construction && q.holdout_error.is_none() {
+        "unknown"
     } else if q.exact_alignment && q.residual_share <= 0.001 && hold <= 0.01 && q.extrapolation <= 8.0 {
         "high"
     } else {
@@ -266,9 +306,24 @@ pub fn peak_at(model: &ScaleModel, batch: u64, opts: &ReplayOptions) -> Result<P
 }
 
 fn peak_of(t: &Trace, batch: u64, opts: &ReplayOptions) -> Result<Peak, String> {
-    let mut cap = opts.capacity.max(1 << 30);
+    let first = opts.capacity.max(1 << 30);
+    let mut cap = first;
     loop {
-        let p = run(t, batch, opts, cap)?;
+        // Past the first capacity the capacity is the search's, not the caller's: a replay
+        // refused there (the simulated GPU cannot model that much memory for this job; any other
+        // refusal would have come at the first) says that the batch does not fit, without
+        // naming a capacity nobody gave.
+        let p = match run(t, batch, opts, cap) {
+            Ok(p) => p,
+            Err(_) if cap > first => {
+                return Err(format!(
+                    "batch {batch} needs more than {} (it runs out of memory there), more than the \
+                     simulated GPU can model for this job: predict at a smaller batch",
+                    human(cap / 2)
+                ))
+            }
+            Err(e) => return Err(e),
+        };
         if p.ooms == 0 {
             return Ok(p);
         }
