@@ -37,7 +37,7 @@ pub mod viz;
 pub mod why;
 
 pub use leaks::{leaks, At, LeakGroup, LeakReport};
-pub use summary::{summary, DeviceSummary, SummaryReport};
+pub use summary::{summary, summary_note, DeviceSummary, SummaryReport};
 pub use viz::{viz, viz_replay, VizOptions};
 pub use why::{why, PinBlock, Reason, SegmentWhy, WhyReport};
 

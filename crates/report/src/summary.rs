@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use cudamem_alloc::summary::memory_summary;
+use cudamem_alloc::summary::{memory_summary, StatsDict};
 use cudamem_alloc::DeviceStats;
 use cudamem_replay::{replay, ReplayOptions};
 use cudamem_trace::Trace;
@@ -103,6 +103,9 @@ impl fmt::Display for SummaryReport {
         for d in &self.devices {
             writeln!(f, "\nmemory_summary() at the end of the trace (device {}):", d.device)?;
             f.write_str(&d.table_at_end)?;
+            if let Some(n) = summary_note(&d.stats_at_end.to_dict()) {
+                writeln!(f, "{n}")?;
+            }
             writeln!(
                 f,
                 "\nmemory_summary() when reserved memory peaked at {} (device {}):",
@@ -110,7 +113,44 @@ impl fmt::Display for SummaryReport {
                 d.device
             )?;
             f.write_str(&d.table_at_peak)?;
+            if let Some(n) = summary_note(&d.stats_at_peak.to_dict()) {
+                writeln!(f, "{n}")?;
+            }
         }
         Ok(())
+    }
+}
+
+/// A line to print under a `memory_summary()` table whose "GPU reserved segments" row reads 0
+/// while memory is reserved: PyTorch counts only `cudaMalloc`ed segments there, and memory
+/// mapped into expandable segments (PyTorch's `expandable_segments:True`, and every cudamem
+/// policy) is in none of them. The table stays PyTorch's, character for character; the line
+/// says where the reserved memory is. `None` when the row and the reserved bytes agree.
+pub fn summary_note(stats: &StatsDict) -> Option<String> {
+    let get = |k: &str| stats.get(k).copied().unwrap_or(0);
+    let reserved = get("reserved_bytes.all.current");
+    if reserved <= 0 || get("segment.all.current") > 0 {
+        return None;
+    }
+    Some(format!(
+        "note: \"GPU reserved segments\" counts cudaMalloc'ed segments, as PyTorch does; the {} reserved \
+         here is mapped into expandable segments, which that row does not count",
+        crate::human(reserved as u64)
+    ))
+}
+
+#[cfg(test)]
+mod note_tests {
+    use super::*;
+
+    #[test]
+    fn reserved_memory_in_no_counted_segment_is_explained() {
+        let mut d = StatsDict::new();
+        d.insert("reserved_bytes.all.current".into(), 20 << 20);
+        let n = summary_note(&d).unwrap();
+        assert!(n.contains("20.0 MiB") && n.contains("expandable segments"), "{n}");
+        d.insert("segment.all.current".into(), 1);
+        assert_eq!(summary_note(&d), None);
+        assert_eq!(summary_note(&StatsDict::new()), None);
     }
 }
