@@ -36,7 +36,9 @@ device when torch is imported and CUDA initialised, else 0), an int, ``"cuda"``,
 Errors: out of memory raises :class:`OutOfMemoryError` (a ``RuntimeError``; when torch has been
 imported the raised object is also a ``torch.OutOfMemoryError``) carrying PyTorch's message
 ("CUDA out of memory. Tried to allocate ...") and cudamem's diagnosis (largest free cached
-block, fragmentation). Bad arguments and bad configuration strings raise ``ValueError``.
+block, fragmentation). An argument of the wrong type raises ``TypeError`` naming the argument
+and the type given; a bad value, configuration string or policy raises ``ValueError`` (naming
+the environment variable a bad configuration came from).
 
 Memory history and snapshots mirror ``torch.cuda.memory``'s: :func:`record_memory_history`
 (``_record_memory_history``), :func:`snapshot` (``_snapshot``), :func:`dump_snapshot`
@@ -51,7 +53,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import json as _json
 import os
 import pickle
 import sys
@@ -140,11 +141,12 @@ def _current_device() -> int:
 
 
 def _device_index(device: Any, name: str = "device") -> int:
-    """Resolves a torch-style device argument to an ordinal (ValueError when it is not one)."""
+    """Resolves a torch-style device argument to an ordinal (TypeError for a type that is none,
+    ValueError for a value that is none)."""
     if device is None:
         return _current_device()
     if isinstance(device, bool):
-        raise ValueError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got {device!r}")
+        raise TypeError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got bool")
     if isinstance(device, int):
         index = device
     elif isinstance(device, str) or (hasattr(device, "type") and hasattr(device, "index")):
@@ -163,7 +165,7 @@ def _device_index(device: Any, name: str = "device") -> int:
             raise ValueError(f"{name}: invalid device ordinal in {device!r}")
         index = int(num)
     else:
-        raise ValueError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got {device!r}")
+        raise TypeError(f"{name} must be None, an int, 'cuda[:N]' or a torch.device, got {type(device).__name__}")
     if not 0 <= index < _cudamem.MAX_DEVICES:
         raise ValueError(f"invalid {name} {index}: device must be an ordinal in [0, {_cudamem.MAX_DEVICES})")
     return index
@@ -301,6 +303,23 @@ def library_path() -> str:
 atexit.register(_cudamem._at_exit)
 
 
+def _check_count(value: Any, name: str) -> int:
+    """A non-negative int argument (TypeError naming it when not an int, ValueError when
+    negative)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    return value
+
+
+def _check_path(path: Any, name: str) -> None:
+    """A file name argument: a str or os.PathLike (an int would be taken as an open file
+    descriptor)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a file path (str or os.PathLike), got {type(path).__name__}")
+
+
 def _device_or_all(device: Any) -> Optional[int]:
     return None if device is None else _device_index(device)
 
@@ -339,8 +358,7 @@ def record_memory_history(
     """
     if isinstance(enabled, bool):
         enabled = "all" if enabled else None
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
-        raise ValueError(f"max_entries must be a non-negative int, got {max_entries!r}")
+    _check_count(max_entries, "max_entries")
     _cudamem.record_memory_history(
         enabled, context, stacks, min(max_entries, 2**64 - 1), _device_or_all(device), bool(clear_history)
     )
@@ -374,9 +392,14 @@ def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pick
     """Writes :func:`snapshot` to ``filename`` as a pickle, like
     ``torch.cuda.memory._dump_snapshot``: ``python -m torch.cuda._memory_viz stats|trace FILE``,
     pytorch.org/memory_viz and ``cudamem viz`` open it."""
+    _check_path(filename, "filename")
     data = snapshot(device)
     with open(filename, "wb") as f:
         pickle.dump(data, f)
+
+
+#: The stages of an annotation: the start and the end of a region, as PyTorch records them.
+ANNOTATION_STAGES = ("START", "END")
 
 
 def annotate(name: str, stage: str = "START", device: Any = None) -> None:
@@ -384,8 +407,11 @@ def annotate(name: str, stage: str = "START", device: Any = None) -> None:
     an ``annotate`` entry in the device's trace): ``stage`` is ``"START"`` or ``"END"`` of the
     region ``name``, as PyTorch records ``record_function`` ranges. ``device=None``: every
     device in use. Nothing is recorded where history is off."""
-    if not isinstance(name, str) or not isinstance(stage, str):
-        raise ValueError(f"name and stage must be str, got {name!r}, {stage!r}")
+    for arg, value in (("name", name), ("stage", stage)):
+        if not isinstance(value, str):
+            raise TypeError(f"{arg} must be a str, got {type(value).__name__}")
+    if stage not in ANNOTATION_STAGES:
+        raise ValueError(f"stage must be one of {', '.join(map(repr, ANNOTATION_STAGES))}, got {stage!r}")
     _cudamem.annotate(name, stage, _device_or_all(device))
 
 
@@ -400,74 +426,6 @@ def annotate_region(name: str, device: Any = None) -> Iterator[None]:
         annotate(name, "END", device)
 
 
-# --------------------------------------------------------------------------------------------
-# Reports (crate cudamem-report): what `cudamem summary|leaks|why|viz` print
-# --------------------------------------------------------------------------------------------
-
-
-def _trace_bytes(trace: Any) -> Tuple[bytes, str]:
-    """(bytes, name) of a snapshot dict (or a bare segments list), bytes, or a file path."""
-    if isinstance(trace, (dict, list)):
-        return pickle.dumps(trace, protocol=4), "<snapshot>"
-    if isinstance(trace, (bytes, bytearray, memoryview)):
-        return bytes(trace), "<bytes>"
-    if isinstance(trace, (str, os.PathLike)):
-        path = os.fspath(trace)
-        with open(path, "rb") as f:
-            return f.read(), os.path.basename(path)
-    raise TypeError(
-        f"expected a snapshot dict (cudamem.snapshot()), bytes or a file path, got {type(trace).__name__}"
-    )
-
-
-def report_summary(trace: Any, json: bool = False) -> Union[str, dict]:
-    """``memory_summary()`` tables at the end of the trace and at its reserved peak (replayed
-    with PyTorch's algorithm and the trace's settings). ``trace``: a snapshot dict
-    (:func:`snapshot`), the bytes of a snapshot pickle (plain or gzip'd) or another trace format
-    cudamem reads, or a file path. Returns the text, or with ``json=True`` a dict."""
-    data, source = _trace_bytes(trace)
-    text = _cudamem._report_summary(data, source, bool(json))
-    return _json.loads(text) if json else text
-
-
-def report_leaks(trace: Any, at: Optional[str] = None, top: int = 10, frames: int = 12, json: bool = False) -> Union[str, dict]:
-    """What is still allocated, grouped by the stack that allocated it, largest first: at the
-    end of the trace (the snapshot's live blocks), or at ``at`` (an event index as a string, or
-    an annotation ``NAME``, ``NAME@k``, ``NAME@last``). Text with the ``top`` groups and
-    ``frames`` frames each, or with ``json=True`` a dict of all groups."""
-    data, source = _trace_bytes(trace)
-    text = _cudamem._report_leaks(data, source, None if at is None else str(at), int(top), int(frames), bool(json))
-    return _json.loads(text) if json else text
-
-
-def report_why(trace: Any, top: int = 10, json: bool = False) -> Union[str, dict]:
-    """Why memory stays reserved: which cached bytes ``empty_cache()`` would release, and which
-    live blocks (with their stacks) pin the rest of their segments."""
-    data, source = _trace_bytes(trace)
-    text = _cudamem._report_why(data, source, int(top), 5, 6, bool(json))
-    return _json.loads(text) if json else text
-
-
-def viz(
-    trace: Any,
-    out_html: Union[str, "os.PathLike[str]"] = "cudamem_viz.html",
-    title: Optional[str] = None,
-    policy: Optional[str] = None,
-    config: Optional[str] = None,
-) -> str:
-    """Writes cudamem's self-contained HTML viewer of the trace to ``out_html`` (no network
-    needed to open it): the active-memory timeline with stacks, the segment map at any event,
-    reserved vs allocated, and ``memory_summary()`` tables. With ``policy`` (e.g.
-    ``"cudamem"``) it shows the trace replayed with that policy (``config``: settings over the
-    trace's). Returns the path written."""
-    data, source = _trace_bytes(trace)
-    html = _cudamem._report_viz(data, source, title, policy, config)
-    path = os.fspath(out_html)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(html)
-    return path
-
-
 def __getattr__(name: str):
     # `cudamem.torch` without importing torch (or the submodule) when cudamem is imported;
     # `cudamem.estimate` (a callable module) on first use, so that `python -m cudamem.estimate`
@@ -479,4 +437,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+from cudamem._reports import _trace_bytes, report_leaks, report_summary, report_why, viz  # noqa: E402,F401
 from cudamem._sleep import sleep, sleep_stats, tag, wake_up  # noqa: E402

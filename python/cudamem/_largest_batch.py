@@ -6,15 +6,16 @@ verified: the job is recorded again at candidate batches and each recording repl
 capacity in every segment order of :data:`cudamem.estimate.ORDERS`, searching outwards from the
 guess and then by bisection until batch ``b`` fits and ``b + 1`` does not. Guarantees: the
 answer is a batch whose own recording was seen to fit, and (when ``verified``) whose successor
-was seen not to; bad arguments raise ``ValueError`` naming the argument.
+was seen not to; an argument of the wrong type raises ``TypeError`` and a bad value
+``ValueError``, each naming the argument.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from .estimate import (DEFAULT_POLICIES, ORDERS, TraceBuilder, _fitting_peak, _likely, _policies, capacity_bytes,
-                       headline, recording, replay, scale)
+from .estimate import (DEFAULT_POLICIES, ORDERS, TraceBuilder, _fitting_peak, _int_arg, _likely, _policies,
+                       capacity_bytes, headline, recording, replay, scale)
 
 #: Batches past the largest one tried for ``may_fit``, at most.
 MAY_FIT_SPAN = 4
@@ -42,11 +43,14 @@ def largest_batch(fn: Callable, device_memory: Any, *args: Any, batches: Sequenc
     to :data:`MAY_FIT_SPAN` batches on, stopping at the first that fits in none), and
     ``next_batch_borderline`` says whether the next batch is one of them."""
     if not callable(fn):
-        raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
+        raise TypeError(f"fn: expected the function to record, got {type(fn).__name__}")
+    if not isinstance(batches, (list, tuple)):
+        raise TypeError(f"batches: expected a list of batch sizes, got {type(batches).__name__}")
     if len(batches) < 2:
         raise ValueError(f"batches: two or more sizes to scale from, got {list(batches)!r}")
-    if not isinstance(max_probes, int) or max_probes < 2:
-        raise ValueError(f"max_probes: at least 2 recordings to verify with, got {max_probes!r}")
+    for b in batches:
+        _int_arg(b, "batches", 1)
+    _int_arg(max_probes, "max_probes", 2)
 
     def record(b: int) -> TraceBuilder:
         with recording(compute_capability=compute_capability) as rec:

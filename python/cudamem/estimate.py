@@ -20,8 +20,8 @@ workspace rule, the result object and its table, and the command line
 (``python -m cudamem.estimate MODULE:FUNCTION``); :mod:`cudamem._largest_batch` holds the search
 for the largest batch. Guarantees: a recorded trace is a PyTorch
 snapshot dict that every cudamem reader accepts; the estimate names what it leaves out (memory
-only real kernels allocate) instead of silently omitting it; bad arguments raise ``ValueError``
-naming the argument.
+only real kernels allocate) instead of silently omitting it; an argument of the wrong type
+raises ``TypeError`` and a bad value ``ValueError``, each naming the argument.
 """
 
 from __future__ import annotations
@@ -40,21 +40,35 @@ from . import _cudamem
 DEFAULT_POLICIES = ("pytorch", "cudamem")
 
 
+#: The smallest capacity taken: less is surely a size given in bytes where GiB were meant.
+MIN_CAPACITY = 1 << 20
+
+
 def capacity_bytes(capacity: Any, name: str = "device_memory") -> int:
-    """Bytes of a capacity given as an int, a size string (``"24GiB"``) or a GPU name
-    (``"h100-80gb"``, ``"a100-40gb"``, ``"h200"``)."""
-    if isinstance(capacity, bool):
-        raise ValueError(f"{name}: expected a size, got {capacity!r}")
-    if isinstance(capacity, int):
-        if capacity <= 0:
-            raise ValueError(f"{name}: a capacity must be positive, got {capacity}")
-        return capacity
+    """Bytes of a capacity given as an int (bytes), a size string (``"24GiB"``; a bare number
+    is bytes) or a GPU name (``"h100-80gb"``, ``"a100-40gb"``, ``"h200"``). Under
+    :data:`MIN_CAPACITY` or over 2**64 - 1 bytes is a ValueError."""
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, str)):
+        raise TypeError(f"{name}: expected bytes, a size string or a GPU name, got {type(capacity).__name__}")
     if isinstance(capacity, str):
         try:
-            return _cudamem._estimate_capacity(capacity)
+            capacity = _cudamem._estimate_capacity(capacity)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
-    raise ValueError(f"{name}: expected bytes, a size string or a GPU name, got {type(capacity).__name__}")
+    if not MIN_CAPACITY <= capacity < 1 << 64:
+        raise ValueError(f"{name}: a capacity from 1 MiB to 2**64 - 1 bytes, got {capacity} bytes "
+                         "(a bare number is bytes: write e.g. '24GiB')")
+    return capacity
+
+
+def _int_arg(value: Any, name: str, low: int, high: int = (1 << 64) - 1) -> int:
+    """An int argument in [low, high]: TypeError naming it when not an int, ValueError when
+    outside."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name}: an int from {low} to {high}, got {value}")
+    return value
 
 
 def human(n: float) -> str:
@@ -72,6 +86,8 @@ def cublas_workspace_bytes(config: Optional[str] = None, major: int = 9) -> int:
     compute capability ``major`` (32 MiB from Hopper on, 8 MiB + 128 KiB before)."""
     if config is None:
         config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if not isinstance(config, (str, type(None))):
+        raise TypeError(f"config: expected a CUBLAS_WORKSPACE_CONFIG string, got {type(config).__name__}")
     if config:
         parts = config.split(":")
         if parts[0] != "" or len(parts) % 2 != 1:
@@ -233,8 +249,7 @@ def replay(trace: Any, policies: Sequence[str] = DEFAULT_POLICIES, capacity: Any
     ``orders_likely``: whether that is enough to count as fitting (:data:`LIKELY_SHARE`)."""
     from . import _trace_bytes
 
-    if isinstance(orders, bool) or not isinstance(orders, int) or not 0 <= orders < 1 << 16:
-        raise ValueError(f"orders: a count of shuffled segment orders from 0 to 65535, got {orders!r}")
+    _int_arg(orders, "orders", 0, (1 << 16) - 1)
     data, source = _trace_bytes(trace)
     pols = _policies(policies)
     return json.loads(_cudamem._estimate_replay(data, source, pols, capacity_bytes(capacity, "capacity"), config,
@@ -244,9 +259,14 @@ def replay(trace: Any, policies: Sequence[str] = DEFAULT_POLICIES, capacity: Any
 def _policies(policies: Any) -> List[str]:
     if isinstance(policies, str):
         policies = [p.strip() for p in policies.split(",") if p.strip()]
+    if isinstance(policies, (bytes, dict)) or not hasattr(policies, "__iter__"):
+        raise TypeError(f"policies: expected policy names, got {type(policies).__name__}")
     pols = list(policies)
-    if not pols or not all(isinstance(p, str) for p in pols):
-        raise ValueError(f"policies: expected policy names, got {policies!r}")
+    for p in pols:
+        if not isinstance(p, str):
+            raise TypeError(f"policies: expected policy names (str), got {type(p).__name__} {p!r}")
+    if not pols:
+        raise ValueError("policies: expected policy names, got none")
     return pols
 
 
@@ -257,12 +277,17 @@ def scale(traces: Sequence[Any], batches: Sequence[int], at: Optional[int] = Non
     that fits ``capacity``: ``cudamem scale --json``'s object plus a ``headline``."""
     from . import _trace_bytes
 
+    for arg, seq in (("traces", traces), ("batches", batches)):
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"{arg}: expected a list, one per batch size, got {type(seq).__name__}")
     if len(traces) != len(batches):
         raise ValueError(f"{len(traces)} traces but {len(batches)} batch sizes: give one batch size per trace")
-    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
-        raise ValueError(f"batches: positive integers, got {list(batches)!r}")
-    if at is not None and (not isinstance(at, int) or at < 1):
-        raise ValueError(f"at: a positive batch size, got {at!r}")
+    for b in batches:
+        _int_arg(b, "batches", 1)
+    if at is not None:
+        _int_arg(at, "at", 1)
+    _int_arg(degree, "degree", 0, 1 << 16)
+    _int_arg(limit, "limit", 1)
     data = [_trace_bytes(t) for t in traces]
     cap = None if capacity is None else capacity_bytes(capacity, "capacity")
     out = json.loads(_cudamem._estimate_scale(data, list(batches), at, cap, _policies(policies), config,
@@ -303,7 +328,7 @@ def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequ
     (bytes, ``"24GiB"`` or a GPU name) also says whether it fits; ``compute_capability`` is the
     GPU's major version, for the cuBLAS workspace size."""
     if not callable(fn):
-        raise ValueError(f"fn: expected the function to record, got {type(fn).__name__}")
+        raise TypeError(f"fn: expected the function to record, got {type(fn).__name__}")
     with recording(compute_capability=compute_capability) as rec:
         fn(*args, **kwargs)
     return rec.estimate(device_memory=device_memory, policies=policies, config=config)

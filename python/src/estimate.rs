@@ -46,7 +46,7 @@ fn _estimate_scale(
     };
     let v = py
         .allow_threads(|| scale_report(&ts, &r))
-        .map_err(PyValueError::new_err)?;
+        .map_err(|e| PyValueError::new_err(crate::reports::python_names(e)))?;
     Ok(v.to_string())
 }
 
@@ -66,7 +66,7 @@ fn _estimate_replay(
     let t = traces(vec![(data, source)])?.remove(0);
     let v = py
         .allow_threads(|| replay_report(&t, &policies, capacity, config, orders))
-        .map_err(PyValueError::new_err)?;
+        .map_err(|e| PyValueError::new_err(crate::reports::python_names(e)))?;
     Ok(v.to_string())
 }
 

@@ -320,8 +320,19 @@ fn free_impl(ptr: u64, device: c_int, stack: StackSource) -> Result<(), CError> 
             }
             None => alloc.free(ptr),
         }
-        .map_err(|e| alloc_error(&e))
+        .map_err(|e| alloc_error(&on_device(e, device)))
     })
+}
+
+/// `e`, naming `device` where it is about a pointer (the engine names only the device's kind).
+pub fn on_device(e: AllocError, device: c_int) -> AllocError {
+    match e {
+        AllocError::InvalidPointer { ptr, reason } => AllocError::InvalidPointer {
+            ptr,
+            reason: format!("device {device}: {reason}"),
+        },
+        e => e,
+    }
 }
 
 /// `void cudamem_free(void* ptr, size_t size, int device, cudaStream_t stream)`: PyTorch's free

@@ -22,7 +22,8 @@
 //! | cause | exception |
 //! |---|---|
 //! | out of memory | `cudamem.OutOfMemoryError` (a `RuntimeError`; also a `torch.OutOfMemoryError` when torch is imported), with PyTorch's message and cudamem's diagnosis |
-//! | bad argument (size, device, pointer, fraction) | `ValueError` naming the argument |
+//! | argument of the wrong type (size, pointer, stream, fraction) | `TypeError` naming the argument and the type given |
+//! | bad argument value (size, device, pointer, fraction) | `ValueError` naming the argument |
 //! | bad configuration string, policy or `CUDAMEM_DEVICE` | `ValueError` with the parser's text |
 //! | settings changed after first use | `RuntimeError` |
 //! | device failure (no driver, CUDA error) | `RuntimeError` |
@@ -48,7 +49,7 @@ pub mod trackers;
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyType};
 
@@ -103,17 +104,24 @@ fn ffi_err(py: Python<'_>, e: ffi::CError) -> PyErr {
     }
 }
 
-/// A non-negative integer argument, with a ValueError naming it otherwise.
+/// A non-negative integer argument: TypeError naming it and the type given when it is not an
+/// int (bool is not; an object with `__index__` is), ValueError when outside [0, 2**64).
 fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
-    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        if let Ok(v) = obj.extract::<u64>() {
-            return Ok(v);
-        }
-    }
-    Err(PyValueError::new_err(format!(
-        "{name} must be an int in [0, 2**64), got {}",
-        obj.repr()?
-    )))
+    let int = if obj.is_instance_of::<PyBool>() {
+        None
+    } else if obj.is_instance_of::<PyInt>() {
+        Some(obj.clone())
+    } else {
+        obj.call_method0("__index__")
+            .ok()
+            .filter(|v| v.is_instance_of::<PyInt>())
+    };
+    let Some(int) = int else {
+        let got = obj.get_type().name()?;
+        return Err(PyTypeError::new_err(format!("{name} must be an int, got {got}")));
+    };
+    int.extract::<u64>()
+        .map_err(|_| PyValueError::new_err(format!("{name} must be an int in [0, 2**64), got {int}")))
 }
 
 fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem_alloc::CachingAllocator> {
@@ -175,7 +183,9 @@ fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAn
     let stream = arg_u64(stream, "stream")?;
     check_device(device)?;
     match registry::get(device) {
-        Some(a) => a.record_stream(ptr, StreamId(stream)).map_err(|e| alloc_err(py, e)),
+        Some(a) => a
+            .record_stream(ptr, StreamId(stream))
+            .map_err(|e| alloc_err(py, ffi::on_device(e, device))),
         None => Err(PyValueError::new_err(format!(
             "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
         ))),
@@ -203,9 +213,13 @@ fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (fraction, device=0))]
 fn set_per_process_memory_fraction(py: Python<'_>, fraction: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
-    let ok_type = (fraction.is_instance_of::<PyFloat>() || fraction.is_instance_of::<PyInt>())
-        && !fraction.is_instance_of::<PyBool>();
-    let f = if ok_type { fraction.extract::<f64>().ok() } else { None };
+    if !(fraction.is_instance_of::<PyFloat>() || fraction.is_instance_of::<PyInt>())
+        || fraction.is_instance_of::<PyBool>()
+    {
+        let got = fraction.get_type().name()?;
+        return Err(PyTypeError::new_err(format!("fraction must be a float, got {got}")));
+    }
+    let f = fraction.extract::<f64>().ok();
     let Some(f) = f.filter(|f| (0.0..=1.0).contains(f)) else {
         return Err(PyValueError::new_err(format!(
             "fraction must be a float in [0, 1], got {}",

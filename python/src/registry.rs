@@ -262,7 +262,10 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
     for r in &o.runtime {
         config.apply(r).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
     }
-    refuse_sharded(&config)?;
+    refuse_sharded(&config).map_err(|e| match (e, &o.config) {
+        (RegistryError::BadSetting(m), None) => RegistryError::BadSetting(format!("{}: {m}", config_var())),
+        (other, _) => other,
+    })?;
     let (policy, from_env) = match o.policy {
         Some(p) => (p, false),
         None => match std::env::var("CUDAMEM_POLICY") {
@@ -275,6 +278,15 @@ pub fn effective_settings() -> Result<(AllocatorConfig, String), RegistryError> 
         other => other,
     })?;
     Ok((config, policy))
+}
+
+/// The environment variable the configuration comes from: the first of
+/// [`cudamem_alloc::config::ENV_VARS`] that is set.
+fn config_var() -> &'static str {
+    cudamem_alloc::config::ENV_VARS
+        .into_iter()
+        .find(|v| std::env::var_os(v).is_some())
+        .unwrap_or(cudamem_alloc::config::ENV_VARS[0])
 }
 
 /// `sharded:True` is the Rust API's: this package keeps one allocator lock per device (its

@@ -23,6 +23,25 @@ fn named(source: &str, e: String) -> String {
     }
 }
 
+/// `message` with the command line's flags (`--at`, `--config`) named as the Python arguments
+/// they are here (`at`, `config`): a Python error names Python's argument.
+pub(crate) fn python_names(message: String) -> String {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    ["--at", "--config"].into_iter().fold(message, |m, flag| {
+        let mut out = String::with_capacity(m.len());
+        let mut rest = m.as_str();
+        while let Some(i) = rest.find(flag) {
+            let end = i + flag.len();
+            let whole = !rest[..i].ends_with(word) && !rest[end..].starts_with(word);
+            out.push_str(&rest[..i]);
+            out.push_str(if whole { &flag[2..] } else { flag });
+            rest = &rest[end..];
+        }
+        out.push_str(rest);
+        out
+    })
+}
+
 fn json_text(v: serde_json::Value) -> Result<String, String> {
     serde_json::to_string(&v).map_err(|e| e.to_string())
 }
@@ -41,7 +60,7 @@ pub fn _report_summary(py: Python<'_>, data: &[u8], source: &str, as_json: bool)
             Ok(r.to_string())
         }
     })
-    .map_err(PyValueError::new_err)
+    .map_err(|e| PyValueError::new_err(python_names(e)))
 }
 
 /// What is still allocated at `at` (the end; an event index; `NAME`, `NAME@k`, `NAME@last` of
@@ -67,7 +86,7 @@ pub fn _report_leaks(
             Ok(r.to_text(top, frames))
         }
     })
-    .map_err(PyValueError::new_err)
+    .map_err(|e| PyValueError::new_err(python_names(e)))
 }
 
 /// Which reserved bytes `empty_cache()` would release, and which live blocks pin the rest.
@@ -91,7 +110,7 @@ pub fn _report_why(
             Ok(r.to_text(top, blocks, frames))
         }
     })
-    .map_err(PyValueError::new_err)
+    .map_err(|e| PyValueError::new_err(python_names(e)))
 }
 
 /// The self-contained HTML viewer of the trace (or of its replay with `policy`).
@@ -123,7 +142,7 @@ pub fn _report_viz(
             }
         }
     })
-    .map_err(PyValueError::new_err)
+    .map_err(|e| PyValueError::new_err(python_names(e)))
 }
 
 /// Registers the report functions in the extension module.

@@ -203,10 +203,16 @@ def test_memory_fraction(dev):
     cudamem.empty_cache(dev)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf"), "half", None, True, [0.5]])
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf")])
 def test_bad_fraction_is_a_value_error(dev, bad):
     with pytest.raises(ValueError, match="fraction must be a float in"):
         cudamem.set_per_process_memory_fraction(bad, device=dev)
+
+
+@pytest.mark.parametrize("bad", ["half", None, True, [0.5]])
+def test_fraction_of_another_type_is_a_type_error(bad):
+    with pytest.raises(TypeError, match=f"fraction must be a float, got {type(bad).__name__}"):
+        cudamem.set_per_process_memory_fraction(bad, device=0)  # refused before any change
 
 
 # ------------------------------------------------------------------------------------------
@@ -217,7 +223,7 @@ def test_bad_fraction_is_a_value_error(dev, bad):
 def test_bad_arguments_are_value_errors_naming_them(dev):
     with pytest.raises(ValueError, match="size"):
         cudamem.malloc(-1, device=dev)
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(TypeError, match="size must be an int, got float"):
         cudamem.malloc(1.5, device=dev)
     with pytest.raises(ValueError, match="stream"):
         cudamem.malloc(16, device=dev, stream=-3)
@@ -368,7 +374,7 @@ def test_install_needs_torch_or_says_why():
 
 
 def test_nan_and_bool_are_not_sizes(dev):
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(TypeError, match="size"):
         cudamem.malloc(True, device=dev)
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(TypeError, match="size"):
         cudamem.malloc(math.nan, device=dev)

@@ -333,11 +333,16 @@ def test_one_device_leaves_the_others_alone(dev, new_dev):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"enabled": "yes"}, {"context": "everything"}, {"stacks": "cpp"}, {"max_entries": -1}, {"max_entries": 1.5},
-     {"device": "cpu"}],
+    [{"enabled": "yes"}, {"context": "everything"}, {"stacks": "cpp"}, {"max_entries": -1}, {"device": "cpu"}],
 )  # fmt: skip
 def test_bad_arguments_raise_value_error(kwargs):
     with pytest.raises(ValueError):
+        cudamem.record_memory_history(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"enabled": 3}, {"context": 3}, {"max_entries": 1.5}, {"device": 1.5}])
+def test_arguments_of_another_type_raise_type_error(kwargs):
+    with pytest.raises(TypeError, match=next(iter(kwargs))):
         cudamem.record_memory_history(**kwargs)
 
 
@@ -457,7 +462,7 @@ def test_annotations(dev):
     assert ann == [("START", "forward", dev), ("END", "forward", dev), ("START", "optimizer", dev)]
     assert all(isinstance(a["time_us"], int) for a in snap["external_annotations"])
     cudamem.free(p, dev)
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="name must be a str, got int"):
         cudamem.annotate(3)
 
 
