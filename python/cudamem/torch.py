@@ -229,8 +229,14 @@ def install(
         RuntimeError: CUDA was already used in this process (install() must come first), or
             ``CUDAMEM_DEVICE`` selects the simulated device.
         ValueError: a bad policy or configuration string.
+        TypeError: ``record_history`` is neither a bool nor a dict.
         ImportError: torch is not installed.
     """
+    if record_history is not None and not isinstance(record_history, (bool, dict)):
+        raise TypeError(
+            "record_history must be a bool or a dict of record_memory_history's arguments, "
+            f"got {type(record_history).__name__}"
+        )
     with _lock:
         if is_installed():
             if policy is not None or config is not None:
@@ -357,7 +363,7 @@ def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     elif isinstance(record_history, dict):
         kwargs = dict(record_history)
     else:
-        raise ValueError(f"record_history must be a bool or a dict of record_memory_history's arguments, got {record_history!r}")
+        raise TypeError(f"record_history must be a bool or a dict of record_memory_history's arguments, got {record_history!r}")
     if _state.get("mode") == "native":
         import torch
 

@@ -165,3 +165,17 @@ def test_install_refuses_a_planted_shim_in_a_group_writable_cache(fake_torch, tm
         assert r.returncode == 0 and "UntrustedCacheError:" in r.stdout, r.stdout + r.stderr
         assert str(cache) in r.stdout and "0770" in r.stdout and "chmod 700" in r.stdout, r.stdout
     assert shim.read_bytes() == b"planted"  # refused, neither loaded nor overwritten
+
+
+def test_install_refuses_a_record_history_of_a_wrong_type_before_installing(fake_torch, tmp_path):
+    root, _ = fake_torch
+    code = (
+        "import cudamem.torch as ct\n"
+        "try:\n    ct.install(native=False, record_history=3)\nexcept TypeError as e:\n    print('TypeError:', e)\n"
+        "assert not ct.is_installed()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
+    env.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0 and "TypeError: record_history must be a bool or a dict" in r.stdout, r.stdout + r.stderr
