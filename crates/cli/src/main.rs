@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use cudamem_alloc::size::{human, parse_size};
+use cudamem_alloc::size::human;
 use cudamem_replay::ReplayOptions;
 use files::load;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -56,8 +56,9 @@ enum Command {
     /// Show caching, empty_cache, stats, memory_summary and an out-of-memory error on a
     /// simulated GPU.
     Demo {
-        /// Simulated GPU memory (e.g. 8GiB, 80GB, 150109880320).
-        #[arg(long, default_value = "8GiB", value_parser = parse_size, allow_hyphen_values = true)]
+        /// Simulated GPU memory.
+        #[arg(long, default_value = "8GiB", value_parser = cudamem_estimate::gpu_capacity, allow_hyphen_values = true,
+              help = capacity_help("Simulated GPU memory"))]
         capacity: u64,
     },
     /// Replay a PyTorch memory snapshot (or RMM log, or cudamem trace) on a simulated GPU (or a
@@ -66,19 +67,21 @@ enum Command {
         /// The trace file (.pickle, .pickle.gz, RMM .csv, cudamem .cmt).
         trace: PathBuf,
         /// The policy (one of those the help lists).
-        #[arg(long, default_value = cudamem_alloc::policy::registry::DEFAULT, help = policy_help("The policy", false))]
-        policy: String,
+        #[arg(long, help = policy_help(&format!("The policy (default: the policy key of --config, else {})", cudamem_alloc::policy::registry::DEFAULT), false))]
+        policy: Option<String>,
         /// Allocator settings over the trace's own, in PYTORCH_CUDA_ALLOC_CONF syntax.
         #[arg(long)]
         config: Option<String>,
-        /// Simulated GPU memory (default: an H200's, 150109880320 bytes; e.g. 80GiB, 141GB).
-        // Hyphen values reach parse_size, which says what is wrong with a negative size.
-        #[arg(long, value_parser = parse_size, allow_hyphen_values = true)]
+        /// Simulated GPU memory (default: an H200's, 150109880320 bytes).
+        // Hyphen values reach the size parser, which says what is wrong with a negative size.
+        #[arg(long, value_parser = cudamem_estimate::gpu_capacity, allow_hyphen_values = true,
+              help = capacity_help("Simulated GPU memory (default: an H200's, 150109880320 bytes)"))]
         capacity: Option<u64>,
         /// Timed repetitions for replay_ns_per_op.
         #[arg(long, default_value_t = 5)]
         repeats: usize,
-        /// Where to replay: sim (the simulated GPU) or cuda:N (a real GPU).
+        /// Where to replay: sim (the simulated GPU), sim:<capacity> (sim:8GiB), cuda or cuda:N (a
+        /// real GPU), or auto (cuda:0 if a GPU is present, else sim), as the Rust API reads them.
         #[arg(long, default_value = "sim")]
         device: String,
         /// Time warm passes (the cache already filled by a first pass), as a training loop's
@@ -100,8 +103,8 @@ enum Command {
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         /// Comma-separated policies.
-        #[arg(long, alias = "policy", default_value = DEFAULT_POLICIES.as_str(), help = policy_help("Comma-separated policies", true))]
-        policies: String,
+        #[arg(long, alias = "policy", help = policy_help(&format!("Comma-separated policies (default: the policy key of --config, else {})", *DEFAULT_POLICIES), true))]
+        policies: Option<String>,
         /// Allocator settings applied to every run.
         #[arg(long)]
         config: Option<String>,
@@ -121,8 +124,8 @@ enum Command {
         /// The trace file.
         trace: PathBuf,
         /// Comma-separated policies.
-        #[arg(long, alias = "policies", default_value = DEFAULT_POLICIES.as_str(), help = policy_help("Comma-separated policies", true))]
-        policy: String,
+        #[arg(long, alias = "policies", help = policy_help(&format!("Comma-separated policies (default: the policy key of --config, else {})", *DEFAULT_POLICIES), true))]
+        policy: Option<String>,
         /// Allocator settings over the trace's own.
         #[arg(long)]
         config: Option<String>,
@@ -226,13 +229,13 @@ fn main() -> ExitCode {
             repeats,
             warm,
             json,
-        } => cmd_compare(&traces, &policies, config, Timing { repeats, warm }, json),
+        } => cmd_compare(&traces, policies.as_deref(), config, Timing { repeats, warm }, json),
         Command::Fit {
             trace,
             policy,
             config,
             json,
-        } => cmd_fit(&trace, &policy, config, json),
+        } => cmd_fit(&trace, policy.as_deref(), config, json),
         Command::Report(cmd) => report_cmds::run(cmd),
         Command::Scale(a) => scale_cmd::run(a),
     };
@@ -246,6 +249,31 @@ static DEFAULT_POLICIES: std::sync::LazyLock<String> =
 /// A policy option's help, listing the policies the registry knows.
 pub(crate) fn policy_help(what: &str, list: bool) -> String {
     cudamem_alloc::policy::registry::help(what, list)
+}
+
+/// A capacity option's help: `what`, then what a value may be (a GPU name or a size, and the
+/// size units).
+pub(crate) fn capacity_help(what: &str) -> String {
+    format!(
+        "{what}: a GPU name ({}) or a size ({}); under 1 MiB is refused",
+        cudamem_estimate::gpu_names(),
+        cudamem_alloc::size::UNITS_HELP
+    )
+}
+
+/// The policies a command runs: those given, else the `policy:` key of `config`, else
+/// `default`. Warns on stderr about an `expandable_segments` setting a policy does not follow.
+pub(crate) fn chosen_policies(given: Option<&str>, config: Option<&str>, default: &str) -> Result<Vec<String>, String> {
+    let from_config = config
+        .and_then(|c| cudamem_alloc::AllocatorConfig::parse(c).ok())
+        .and_then(|c| c.policy);
+    let pols = policies(given.or(from_config.as_deref()).unwrap_or(default))?;
+    for p in &pols {
+        if let Some(w) = config.and_then(|c| cudamem_alloc::policy::registry::ignored_expandable_setting(p, c)) {
+            eprintln!("cudamem: warning: --config: {w}");
+        }
+    }
+    Ok(pols)
 }
 
 fn policies(list: &str) -> Result<Vec<String>, String> {
@@ -279,8 +307,8 @@ struct Timing {
     warm: bool,
 }
 
-fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, timing: Timing, json: bool) -> CliResult {
-    let pols = policies(list)?;
+fn cmd_compare(paths: &[PathBuf], list: Option<&str>, config: Option<String>, timing: Timing, json: bool) -> CliResult {
+    let pols = chosen_policies(list, config.as_deref(), &DEFAULT_POLICIES)?;
     let pb = bar((paths.len() * pols.len()) as u64, json);
     let mut rows = Vec::new();
     for path in paths {
@@ -375,8 +403,8 @@ fn cmd_compare(paths: &[PathBuf], list: &str, config: Option<String>, timing: Ti
     Ok(())
 }
 
-fn cmd_fit(path: &std::path::Path, list: &str, config: Option<String>, json: bool) -> CliResult {
-    let pols = policies(list)?;
+fn cmd_fit(path: &std::path::Path, list: Option<&str>, config: Option<String>, json: bool) -> CliResult {
+    let pols = chosen_policies(list, config.as_deref(), &DEFAULT_POLICIES)?;
     let trace = load(path)?;
     let pb = bar(pols.len() as u64, json);
     let mut out = Vec::new();

@@ -7,7 +7,7 @@ use cudamem_replay::{ReplayOptions, ReplayResult};
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 
-use crate::{load, policies, CliResult};
+use crate::{load, CliResult};
 
 /// The replay JSON object (sizes in bytes; peaks are the largest over devices).
 pub(crate) fn to_json(r: &ReplayResult) -> Value {
@@ -60,7 +60,7 @@ pub(crate) fn to_json(r: &ReplayResult) -> Value {
 
 /// The options of `cudamem replay`.
 pub(crate) struct ReplayArgs {
-    pub(crate) policy: String,
+    pub(crate) policy: Option<String>,
     pub(crate) config: Option<String>,
     pub(crate) capacity: Option<u64>,
     pub(crate) repeats: usize,
@@ -69,14 +69,48 @@ pub(crate) struct ReplayArgs {
     pub(crate) placement: Option<cudamem_device::sim::Placement>,
 }
 
+/// `--device` read by the library's device-string parser (the one the Rust API and the Python
+/// package use), as the replay's device (`sim` or `cuda:N`) and the simulated capacity it
+/// names, if any (`sim:8GiB`). `auto` is `cuda:0` when a CUDA device is present, else `sim`.
+fn device(spec: &str, capacity: Option<u64>) -> Result<(String, Option<u64>), String> {
+    use cudamem::DeviceSpec;
+    let parsed = DeviceSpec::parse(spec).map_err(|e| format!("--device: {e}"))?;
+    let real = |i: i32| {
+        if capacity.is_some() {
+            return Err("--capacity sizes the simulated GPU; a real device has the memory it has".to_string());
+        }
+        Ok((format!("cuda:{i}"), None))
+    };
+    match parsed {
+        DeviceSpec::Sim { capacity: None } => Ok(("sim".into(), capacity)),
+        DeviceSpec::Sim { capacity: Some(c) } if capacity.is_none() => {
+            let c = cudamem_estimate::check_capacity(spec.trim(), c)?;
+            Ok(("sim".into(), Some(c)))
+        }
+        DeviceSpec::Sim { .. } => Err(format!(
+            "--device {spec} and --capacity both size the simulated GPU: give the capacity once"
+        )),
+        DeviceSpec::Cuda(i) => real(i),
+        DeviceSpec::Auto if cudamem_cuda::is_available() => real(0),
+        DeviceSpec::Auto => Ok(("sim".into(), capacity)),
+    }
+}
+
 pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResult {
-    if policies(&a.policy)?.len() > 1 {
-        return Err(format!("replay takes one policy, not '{}' (compare replays several)", a.policy).into());
+    let pols = crate::chosen_policies(
+        a.policy.as_deref(),
+        a.config.as_deref(),
+        cudamem_alloc::policy::registry::DEFAULT,
+    )?;
+    if pols.len() > 1 {
+        return Err(format!(
+            "replay takes one policy, not '{}' (compare replays several)",
+            pols.join(",")
+        )
+        .into());
     }
-    if a.device != "sim" && a.capacity.is_some() {
-        return Err("--capacity sizes the simulated GPU; a real device has the memory it has".into());
-    }
-    if a.device != "sim" && a.placement.is_some() {
+    let (dev, capacity) = device(&a.device, a.capacity)?;
+    if dev != "sim" && a.placement.is_some() {
         return Err("--placement places segments on the simulated GPU; a real device's driver places them".into());
     }
     // A spinner on stderr while loading and replaying; hidden with --json, and by indicatif when
@@ -97,21 +131,22 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
     let trace = load(path)?;
     tick(&format!("replaying {} ({} events)", path.display(), trace.num_events()));
     let opts = ReplayOptions {
-        policy: a.policy,
+        policy: pols[0].clone(),
         config: a.config,
-        capacity: a.capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
+        capacity: capacity.unwrap_or(cudamem_device::sim::H200_CAPACITY),
         repeats: a.repeats,
         plan_addresses: a.placement.map(|_| false),
         placement: a.placement.unwrap_or_default(),
         shrink_on_oom: Vec::new(),
-        deferred_frees: a.device == "sim",
-        device: a.device,
+        deferred_frees: dev == "sim",
+        device: dev,
         warm: a.warm,
     };
     let r = cudamem_replay::replay(&trace, &opts);
     spinner.finish_and_clear();
     let r = r?;
     warn_unmatched_frees(&r);
+    warn_double_allocs(&r);
     if json {
         outln!("{}", to_json(&r));
         return Ok(());
@@ -148,7 +183,11 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
             d.trace_ooms
         );
         outln!("\nmemory_summary() when reserved memory peaked:");
-        out!("{}", memory_summary(&d.stats_at_peak.to_dict(), d.device, false));
+        let dict = d.stats_at_peak.to_dict();
+        out!("{}", memory_summary(&dict, d.device, false));
+        if let Some(note) = cudamem_report::summary_note(&dict) {
+            outln!("{note}");
+        }
     }
     Ok(())
 }
@@ -170,6 +209,26 @@ fn warn_unmatched_frees(r: &ReplayResult) {
             "cudamem: warning: {}: {n} {frees} the trace never allocated (allocated \
              before recording started, or a lost event); the replay skipped them",
             r.trace
+        );
+    }
+}
+
+/// A warning on stderr when the trace allocates an address that it had allocated and not
+/// freed (a lost free): the replay keeps the earlier allocation live to the end, so its peaks
+/// can be higher than the job's. Names the first such address and both events.
+fn warn_double_allocs(r: &ReplayResult) {
+    for d in &r.devices {
+        let Some((addr, second, first)) = d.double_allocs.first else {
+            continue;
+        };
+        let more = match d.double_allocs.count {
+            1 => String::new(),
+            n => format!(" ({n} such allocations on this device)"),
+        };
+        eprintln!(
+            "cudamem: warning: {}: device {}: event {second} allocates address {addr:#x}, which event {first} \
+             allocated and no event freed{more}; the replay keeps the earlier allocation live to the end",
+            r.trace, d.device
         );
     }
 }

@@ -26,9 +26,10 @@ pub enum ReportCommand {
     Leaks {
         /// The snapshot or trace file.
         trace: PathBuf,
-        /// An event index (the state just after it), or an annotation name: NAME, NAME@k
-        /// (k-th occurrence) or NAME@last.
-        #[arg(long)]
+        /// An event index (0 or more: the state just after it), or an annotation name: NAME,
+        /// NAME@k (k-th occurrence) or NAME@last.
+        // Hyphen values reach `at_value`, which says what is wrong with a negative index.
+        #[arg(long, allow_hyphen_values = true, value_parser = at_value)]
         at: Option<String>,
         /// How many call sites to print.
         #[arg(long, default_value_t = 10)]
@@ -70,6 +71,20 @@ pub enum ReportCommand {
         #[arg(long)]
         title: Option<String>,
     },
+}
+
+/// `leaks --at`: a negative number is refused (an event index is 0 or more) instead of being
+/// read as an option or as an annotation name.
+fn at_value(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    if let Some(n) = t.strip_prefix('-') {
+        if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit() || c == b'.') {
+            return Err(format!(
+                "an event index is 0 or more (0 is the first event), not {t}; an annotation is given by its name"
+            ));
+        }
+    }
+    Ok(s.to_string())
 }
 
 /// Prefixes an error with the trace's file name unless it already names it.

@@ -12,7 +12,7 @@ use cudamem_replay::ReplayOptions;
 use serde_json::json;
 
 use crate::files::{output, Output};
-use crate::{load, policies, CliResult};
+use crate::{load, CliResult};
 
 /// The arguments of `cudamem scale`.
 #[derive(Args)]
@@ -26,8 +26,8 @@ pub struct ScaleArgs {
     /// The batch to predict the peak reserved memory at.
     #[arg(long)]
     at: Option<u64>,
-    /// A GPU to find the largest batch for: a size (80GiB) or a name (h100-80gb, a100-40gb, h200, ...).
-    #[arg(long)]
+    /// A GPU to find the largest batch for.
+    #[arg(long, allow_hyphen_values = true, help = crate::capacity_help("A GPU to find the largest batch for"))]
     capacity: Option<String>,
     /// Comma-separated policies (default: those `compare` runs).
     #[arg(long, alias = "policies")]
@@ -82,7 +82,7 @@ fn name(p: &Path) -> String {
 
 /// Runs `cudamem scale`.
 pub fn run(a: ScaleArgs) -> CliResult {
-    let pols = policies(a.policy.as_deref().unwrap_or(&crate::DEFAULT_POLICIES))?;
+    let pols = crate::chosen_policies(a.policy.as_deref(), a.config.as_deref(), &crate::DEFAULT_POLICIES)?;
     if a.batch.len() != a.traces.len() {
         return Err(format!(
             "--batch gives {} sizes for {} traces: give one batch size per trace, in the same order",
@@ -171,12 +171,23 @@ pub fn run(a: ScaleArgs) -> CliResult {
     let hold = q
         .holdout_error
         .map_or("n/a (needs 3 traces)".to_string(), |e| format!("{:.2}%", 100.0 * e));
-    outln!(
-        "fit residuals: {:.3}% of one allocation at most, {:.3}% of all bytes; hold-out error {hold}; confidence {}",
-        100.0 * q.max_relative_residual,
-        100.0 * q.residual_share,
-        q.confidence
-    );
+    if q.fit_exact_by_construction {
+        outln!(
+            "fit residuals: none by construction ({} traces for a degree-{} fit: it passes through each exactly); \
+             hold-out error {hold}; confidence {}: a fit through {} traces cannot be judged, give one more trace",
+            traces.len(),
+            a.degree,
+            q.confidence,
+            traces.len()
+        );
+    } else {
+        outln!(
+            "fit residuals: {:.3}% of one allocation at most, {:.3}% of all bytes; hold-out error {hold}; confidence {}",
+            100.0 * q.max_relative_residual,
+            100.0 * q.residual_share,
+            q.confidence
+        );
+    }
     if let Some(b) = a.at {
         outln!("at batch {b} ({:.2}x the largest recorded):", q.extrapolation);
         for p in &peaks {
