@@ -78,7 +78,7 @@ enum Command {
               help = capacity_help("Simulated GPU memory (default: an H200's, 150109880320 bytes)"))]
         capacity: Option<u64>,
         /// Timed repetitions for replay_ns_per_op.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, allow_hyphen_values = true, value_parser = whole::<usize>)]
         repeats: usize,
         /// Where to replay: sim (the simulated GPU), sim:<capacity> (sim:8GiB), cuda or cuda:N (a
         /// real GPU), or auto (cuda:0 if a GPU is present, else sim), as the Rust API reads them.
@@ -109,7 +109,7 @@ enum Command {
         #[arg(long)]
         config: Option<String>,
         /// Timed repetitions per run.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, allow_hyphen_values = true, value_parser = whole::<usize>)]
         repeats: usize,
         /// Time warm passes (the cache already filled by a first pass) instead of passes on a
         /// fresh allocator each.
@@ -253,6 +253,20 @@ pub(crate) fn policy_help(what: &str, list: bool) -> String {
 
 /// A capacity option's help: `what`, then what a value may be (a GPU name or a size, and the
 /// size units).
+/// A whole number of 0 or more, for every count and index option. Hyphen values reach it (the
+/// options say `allow_hyphen_values`), so that a negative number gets this message and not
+/// clap's tip to put `--` before it, which would make it a file name.
+pub(crate) fn whole<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    let t = s.trim();
+    if let Some(rest) = t.strip_prefix('-') {
+        if !rest.is_empty() && rest.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(format!("must be 0 or more, not {t}"));
+        }
+    }
+    t.parse::<T>()
+        .map_err(|_| format!("not a whole number: '{t}' (digits only, for example 8)"))
+}
+
 pub(crate) fn capacity_help(what: &str) -> String {
     format!(
         "{what}: a GPU name ({}) or a size ({}); under 1 MiB is refused",

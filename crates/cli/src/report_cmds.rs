@@ -32,10 +32,10 @@ pub enum ReportCommand {
         #[arg(long, allow_hyphen_values = true, value_parser = at_value)]
         at: Option<String>,
         /// How many call sites to print.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, allow_hyphen_values = true, value_parser = crate::whole::<usize>)]
         top: usize,
         /// Frames printed per call site.
-        #[arg(long, default_value_t = 12)]
+        #[arg(long, default_value_t = 12, allow_hyphen_values = true, value_parser = crate::whole::<usize>)]
         frames: usize,
         /// Print one JSON object with every group instead.
         #[arg(long)]
@@ -47,7 +47,7 @@ pub enum ReportCommand {
         /// The snapshot (a trace without segments is replayed to find the final state).
         trace: PathBuf,
         /// How many pinned segments to print.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, allow_hyphen_values = true, value_parser = crate::whole::<usize>)]
         top: usize,
         /// Print one JSON object with every segment instead.
         #[arg(long)]

@@ -21,10 +21,10 @@ pub struct ScaleArgs {
     #[arg(required = true, num_args = 2..)]
     traces: Vec<PathBuf>,
     /// The batch size (or sequence length) of each trace, comma-separated, in the same order.
-    #[arg(long, required = true, value_delimiter = ',')]
+    #[arg(long, required = true, value_delimiter = ',', allow_hyphen_values = true, value_parser = crate::whole::<u64>)]
     batch: Vec<u64>,
     /// The batch to predict the peak reserved memory at.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::whole::<u64>)]
     at: Option<u64>,
     /// A GPU to find the largest batch for.
     #[arg(long, allow_hyphen_values = true, help = crate::capacity_help("A GPU to find the largest batch for"))]
@@ -36,10 +36,10 @@ pub struct ScaleArgs {
     #[arg(long)]
     config: Option<String>,
     /// Degree of the size fit: 1 (a + b*B, batch sizes) or 2 (for sequence lengths).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_hyphen_values = true, value_parser = crate::whole::<usize>)]
     degree: usize,
     /// The largest batch the search for --capacity tries.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 20, allow_hyphen_values = true, value_parser = crate::whole::<u64>)]
     limit: u64,
     /// Write the trace scaled to --at (a PyTorch snapshot pickle, for replay, why, viz) to this
     /// file, never one of the inputs.

@@ -106,6 +106,27 @@ fn a_negative_event_index_gets_a_clear_error() {
 }
 
 #[test]
+fn negative_counts_get_a_clear_error_everywhere() {
+    let t = data("seed_example.pickle.gz");
+    let cases: [&[&str]; 8] = [
+        &["leaks", &t, "--top", "-1"],
+        &["leaks", &t, "--frames", "-2"],
+        &["why", &t, "--top", "-1"],
+        &["replay", &t, "--repeats", "-1"],
+        &["compare", &t, "--repeats", "-3"],
+        &["scale", &t, &t, "--batch", "2,-4"],
+        &["scale", &t, &t, "--batch", "2,4", "--at", "-5"],
+        &["scale", &t, &t, "--batch", "2,4", "--degree", "-1"],
+    ];
+    for args in cases {
+        let e = fails(args);
+        assert!(e.contains("must be 0 or more") && !e.contains("-- -"), "{args:?}: {e}");
+    }
+    let e = fails(&["leaks", &t, "--top", "ten"]);
+    assert!(e.contains("not a whole number"), "{e}");
+}
+
+#[test]
 fn a_trace_allocating_an_address_twice_is_reported() {
     let dir = std::env::temp_dir().join(format!("cudamem-double-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
