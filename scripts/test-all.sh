@@ -33,7 +33,7 @@ phase() {
     echo "[$k/$PHASES] $1"
 }
 
-echo "test-all.sh: $PHASES phases; from a fresh clone on 2 cores roughly 8-22 minutes, most of it compiling"
+echo "test-all.sh: $PHASES phases; from a fresh clone on 2 cores roughly 9-15 minutes, most of it compiling"
 echo "(the first phase compiles the workspace; a phase may print nothing for a minute or two)."
 installs=()
 command -v chromium >/dev/null 2>&1 ||

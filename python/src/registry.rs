@@ -85,7 +85,10 @@ impl std::fmt::Display for RegistryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RegistryError::BadDevice(m) | RegistryError::BadSetting(m) | RegistryError::InUse(m) => f.write_str(m),
-            RegistryError::Device(e) => write!(f, "cudamem: cannot open the device: {e}"),
+            RegistryError::Device(e) => write!(
+                f,
+                "cudamem: cannot open the device: {e} (without a GPU, CUDAMEM_DEVICE=sim selects cudamem's simulated one)"
+            ),
             RegistryError::Alloc(e) => e.fmt(f),
         }
     }

@@ -2,6 +2,8 @@
 ordinal has its own allocator, stats and memory; nothing moves between devices; a pointer of one
 device is unknown to another."""
 
+import os
+
 import pytest
 
 import cudamem
@@ -54,3 +56,18 @@ def test_no_cross_device_reuse(pair):
     assert cudamem.memory_stats(d1)["num_device_alloc"] >= 1, "device 1 got its own memory"
     assert cudamem.memory_reserved(d0) > 0, "device 0 keeps its cache"
     cudamem.free(q, device=d1)
+
+
+def test_a_device_that_cannot_be_opened_points_at_the_simulated_one():
+    """Without a usable GPU, the error says how to use the simulated one instead."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this machine may have a GPU: the real device would open")
+    code = "import cudamem\ntry:\n    cudamem.malloc(1)\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CUDAMEM_DEVICE": "cuda"})
+    assert "RuntimeError: cudamem: cannot open the device" in r.stdout, r.stdout + r.stderr
+    assert "CUDAMEM_DEVICE=sim" in r.stdout, r.stdout
