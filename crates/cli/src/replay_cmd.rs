@@ -145,8 +145,7 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
     let r = cudamem_replay::replay(&trace, &opts);
     spinner.finish_and_clear();
     let r = r?;
-    warn_unmatched_frees(&r);
-    warn_double_allocs(&r);
+    warn_trace_issues(&r);
     if json {
         outln!("{}", to_json(&r));
         return Ok(());
@@ -211,6 +210,13 @@ fn warn_unmatched_frees(r: &ReplayResult) {
             r.trace
         );
     }
+}
+
+/// What the trace itself gets wrong (frees of unknown addresses, addresses allocated twice), as
+/// warnings on stderr. The same for every policy, so callers warn once per trace.
+pub(crate) fn warn_trace_issues(r: &ReplayResult) {
+    warn_unmatched_frees(r);
+    warn_double_allocs(r);
 }
 
 /// A warning on stderr when the trace allocates an address that it had allocated and not

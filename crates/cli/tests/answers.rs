@@ -141,6 +141,11 @@ fn a_trace_allocating_an_address_twice_is_reported() {
         err.contains("0x1000") && err.contains("event 1") && err.contains("event 0"),
         "{err}"
     );
+    // compare and fit say it too, once per trace whatever the number of policies.
+    for cmd in ["compare", "fit"] {
+        let (_, err) = ok(&[cmd, p.to_str().unwrap(), "--policy", "pytorch,cudamem"]);
+        assert_eq!(err.matches("allocates address 0x1000").count(), 1, "{cmd}: {err}");
+    }
     // The shipped traces allocate no address twice.
     for t in ["seed_example.pickle.gz", "gpt2_train.pickle.gz"] {
         let (_, err) = ok(&["replay", &data(t), "--policy", "pytorch", "--json", "--repeats", "0"]);
