@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+TORCH_FOR_TESTS=2.11.0
 venv=${CUDAMEM_PYENV:-target/pyenv}
 wheels=target/wheels
 
@@ -33,6 +34,15 @@ echo "built $wheel ($(du -h "$wheel" | cut -f1))"
 
 echo "== installing it"
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+
+echo "== torch $TORCH_FOR_TESTS (CPU use only), for the estimator's recorder tests"
+# The GPU-free estimate records a job with torch on the meta device; its tests need torch but no
+# GPU. The release the GPU checks run on; about 1 minute and 4 GB with its CUDA library wheels.
+if "$py" -c 'import torch' 2>/dev/null || "$py" -m pip install -q --disable-pip-version-check "torch==$TORCH_FOR_TESTS"; then
+    export CUDAMEM_TORCH_REQUIRED=1
+else
+    echo "could not install torch: test_estimate.py's recorder tests will skip and say so"
+fi
 
 echo "== torch and CUDA runtime headers of the oldest, the GPU-tested and the newest supported torch, for the compile test"
 # The compile test fails rather than skips when these were fetched (CUDAMEM_TORCH_HEADERS_REQUIRED).

@@ -7,7 +7,8 @@
 # What it installs when missing, each announced before it starts: Debian's chromium and
 # fonts-dejavu-core (apt-get, needs root; scripts/viz/browser-test.sh), cargo-fuzz
 # (cargo install, into ~/.cargo/bin; scripts/fuzz.sh), and a virtual environment in
-# target/pyenv with maturin and pytest from PyPI (python/build_and_test.sh); it also downloads,
+# target/pyenv with maturin, pytest and torch (CPU use only, for the estimator's recorder tests)
+# from PyPI (python/build_and_test.sh); it also downloads,
 # once, the wheels of torch 2.9.0, 2.11.0 and 2.15.0 and the CUDA runtime (about 1.7 GB) whose
 # headers it unpacks into target/torch-headers (scripts/torch_headers.py; nothing is installed).
 set -euo pipefail
@@ -45,6 +46,9 @@ if [ ! -x "$venv/bin/python" ]; then
     installs+=("a Python virtual environment in $venv with maturin and pytest from PyPI, for phase 4")
 elif ! "$venv/bin/python" -c 'import pytest' 2>/dev/null || [ ! -x "$venv/bin/maturin" ]; then
     installs+=("maturin and pytest from PyPI into $venv, for phase 4")
+fi
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+    installs+=("torch 2.11.0 into $venv with pip (about 1 minute and 4 GB with its CUDA library wheels; used on the CPU only), for phase 4's estimator tests")
 fi
 for v in 2.9.0 2.11.0 2.15.0; do
     [ -f "target/torch-headers/$v/.ok" ] ||

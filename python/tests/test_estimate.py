@@ -5,6 +5,7 @@ reason otherwise)."""
 import importlib.util
 import json
 import math
+import os
 import pickle
 import subprocess
 import sys
@@ -21,6 +22,9 @@ MIB = 1 << 20
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and "fake_torch" not in str(
     importlib.util.find_spec("torch").origin or "")
 SKIP_REASON = "torch is not installed: the recorder's torch tests of test_estimate.py skip"
+# The test command installs torch and sets this: there, a missing torch is a failure, not a skip.
+if not HAVE_TORCH and os.environ.get("CUDAMEM_TORCH_REQUIRED") == "1":
+    raise RuntimeError("CUDAMEM_TORCH_REQUIRED=1 but torch is not importable: the recorder's tests cannot run")
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason=SKIP_REASON)
 if not HAVE_TORCH:
     # Shown in pytest's warnings summary, which -q keeps (skip reasons need -rs).
