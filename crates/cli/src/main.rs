@@ -327,7 +327,8 @@ fn cmd_compare(paths: &[PathBuf], list: Option<&str>, config: Option<String>, ti
     let mut rows = Vec::new();
     for path in paths {
         let trace = load(path)?;
-        for (i, p) in pols.iter().enumerate() {
+        pb.suspend(|| replay_cmd::warn_trace_issues(&trace.source, &replay_cmd::faults_of_trace(&trace)));
+        for p in &pols {
             pb.set_message(format!("{} {}", path.display(), p));
             let opts = ReplayOptions {
                 policy: p.clone(),
@@ -336,11 +337,7 @@ fn cmd_compare(paths: &[PathBuf], list: Option<&str>, config: Option<String>, ti
                 warm: timing.warm,
                 ..ReplayOptions::default()
             };
-            let row = cudamem_replay::replay(&trace, &opts)?;
-            if i == 0 {
-                pb.suspend(|| replay_cmd::warn_trace_issues(&row));
-            }
-            rows.push(row);
+            rows.push(cudamem_replay::replay(&trace, &opts)?);
             pb.inc(1);
         }
     }
@@ -424,15 +421,7 @@ fn cmd_compare(paths: &[PathBuf], list: Option<&str>, config: Option<String>, ti
 fn cmd_fit(path: &std::path::Path, list: Option<&str>, config: Option<String>, json: bool) -> CliResult {
     let pols = chosen_policies(list, config.as_deref(), &DEFAULT_POLICIES)?;
     let trace = load(path)?;
-    // What the trace gets wrong is the same under every policy: one replay says it.
-    if let Some(first) = pols.first() {
-        let opts = ReplayOptions {
-            policy: first.clone(),
-            config: config.clone(),
-            ..ReplayOptions::default()
-        };
-        replay_cmd::warn_trace_issues(&cudamem_replay::replay(&trace, &opts)?);
-    }
+    replay_cmd::warn_trace_issues(&trace.source, &replay_cmd::faults_of_trace(&trace));
     let pb = bar(pols.len() as u64, json);
     let mut out = Vec::new();
     for p in &pols {

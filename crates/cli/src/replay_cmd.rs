@@ -3,7 +3,8 @@
 
 use cudamem_alloc::size::human;
 use cudamem_alloc::summary::memory_summary;
-use cudamem_replay::{ReplayOptions, ReplayResult};
+use cudamem_replay::{DoubleAllocs, Program, ReplayOptions, ReplayResult};
+use cudamem_trace::Trace;
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 
@@ -145,7 +146,7 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
     let r = cudamem_replay::replay(&trace, &opts);
     spinner.finish_and_clear();
     let r = r?;
-    warn_trace_issues(&r);
+    warn_trace_issues(&r.trace, &faults_of(&r));
     if json {
         outln!("{}", to_json(&r));
         return Ok(());
@@ -191,50 +192,76 @@ pub(crate) fn run(path: &std::path::Path, a: ReplayArgs, json: bool) -> CliResul
     Ok(())
 }
 
-/// A warning on stderr (with `--json` too: stdout keeps its one object) when the trace frees
-/// addresses it never allocated: the replay skipped those frees.
-fn warn_unmatched_frees(r: &ReplayResult) {
-    let n = r.total(|d| d.unmatched_frees);
+/// What a trace itself gets wrong on one device: frees of addresses it never allocated, and
+/// addresses allocated again while live. It is the same under every policy.
+pub(crate) struct TraceFaults {
+    pub device: i32,
+    pub unmatched_frees: u64,
+    pub double_allocs: DoubleAllocs,
+}
+
+/// The faults a replay found.
+pub(crate) fn faults_of(r: &ReplayResult) -> Vec<TraceFaults> {
+    r.devices
+        .iter()
+        .map(|d| TraceFaults {
+            device: d.device,
+            unmatched_frees: d.unmatched_frees,
+            double_allocs: d.double_allocs,
+        })
+        .collect()
+}
+
+/// The faults of a trace without replaying it: each device's events compiled as a replay
+/// compiles them (linear in the events, no allocator).
+pub(crate) fn faults_of_trace(t: &Trace) -> Vec<TraceFaults> {
+    t.devices
+        .iter()
+        .map(|dt| {
+            let p = Program::compile(dt);
+            TraceFaults {
+                device: dt.device,
+                unmatched_frees: p.unmatched_frees,
+                double_allocs: p.double_allocs,
+            }
+        })
+        .collect()
+}
+
+/// Warnings on stderr (with `--json` too: stdout keeps its one object) for what the trace
+/// `name` gets wrong: frees the replay skipped, and, for an address allocated again while live
+/// (a lost free), the first such address and both events, since the replay keeps the earlier
+/// allocation live to the end and its peaks can be higher than the job's.
+pub(crate) fn warn_trace_issues(name: &str, faults: &[TraceFaults]) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr();
+    // A closed stderr loses the warnings, nothing else.
+    let n: u64 = faults.iter().map(|f| f.unmatched_frees).sum();
     if n > 0 {
-        use std::io::Write as _;
         let frees = if n == 1 {
             "free of an address"
         } else {
             "frees of addresses"
         };
-        // A closed stderr loses the warning, nothing else.
         let _ = writeln!(
-            std::io::stderr(),
-            "cudamem: warning: {}: {n} {frees} the trace never allocated (allocated \
-             before recording started, or a lost event); the replay skipped them",
-            r.trace
+            err,
+            "cudamem: warning: {name}: {n} {frees} the trace never allocated (allocated \
+             before recording started, or a lost event); the replay skipped them"
         );
     }
-}
-
-/// What the trace itself gets wrong (frees of unknown addresses, addresses allocated twice), as
-/// warnings on stderr. The same for every policy, so callers warn once per trace.
-pub(crate) fn warn_trace_issues(r: &ReplayResult) {
-    warn_unmatched_frees(r);
-    warn_double_allocs(r);
-}
-
-/// A warning on stderr when the trace allocates an address that it had allocated and not
-/// freed (a lost free): the replay keeps the earlier allocation live to the end, so its peaks
-/// can be higher than the job's. Names the first such address and both events.
-fn warn_double_allocs(r: &ReplayResult) {
-    for d in &r.devices {
-        let Some((addr, second, first)) = d.double_allocs.first else {
+    for f in faults {
+        let Some((addr, second, first)) = f.double_allocs.first else {
             continue;
         };
-        let more = match d.double_allocs.count {
+        let more = match f.double_allocs.count {
             1 => String::new(),
             n => format!(" ({n} such allocations on this device)"),
         };
-        eprintln!(
-            "cudamem: warning: {}: device {}: event {second} allocates address {addr:#x}, which event {first} \
+        let _ = writeln!(
+            err,
+            "cudamem: warning: {name}: device {}: event {second} allocates address {addr:#x}, which event {first} \
              allocated and no event freed{more}; the replay keeps the earlier allocation live to the end",
-            r.trace, d.device
+            f.device
         );
     }
 }
