@@ -1,23 +1,9 @@
 //! The command says what it did and refuses what it cannot do as asked: configuration keys,
 //! sizes, GPU names and device strings read the same way in every command, negative event
 //! indexes, traces that allocate an address twice, and the scaling's judgement of itself.
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn data(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .expect("the cudamem binary runs")
-}
+use common::{cudamem, data};
 
 fn fails(args: &[&str]) -> String {
     let o = cudamem(args);

@@ -1,21 +1,9 @@
 //! `cudamem scale` as a user runs it: its JSON, its written trace, and the errors of wrong input.
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn data(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
+use std::process::Output;
 
-fn cudamem(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cudamem"))
-        .args(args)
-        .output()
-        .expect("the cudamem binary runs")
-}
+use common::{cudamem, data};
 
 fn stderr(o: &Output) -> String {
     assert!(!o.status.success(), "expected a failure");
