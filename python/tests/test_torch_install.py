@@ -78,24 +78,34 @@ def test_install_without_a_compiler_falls_back(fake_torch, tmp_path):
     assert "mode c warnings 0" in r.stdout
 
 
-def _install_refused(fake_torch, tmp_path, **env):
-    """install() with the defaults, which must raise NativeBuildError; its message."""
+def _install_raises(fake_torch, tmp_path, call, error, cache=None, after="", **env):
+    """Runs ``ct.<call>`` in a fresh process with the stand-in torch (no CUDAMEM_DEVICE, none of
+    CUDAMEM_TORCH_NATIVE unless given) and checks that it raised ``error`` (a name ``ct`` or the
+    module's globals know) and installed nothing; returns the process's stdout."""
     root, _ = fake_torch
+    name = error.split(".")[-1]
     code = (
         "import torch, cudamem.torch as ct\n"
         "from cudamem._torch_native import NativeBuildError\n"
-        "try:\n    ct.install()\nexcept NativeBuildError as e:\n    print('NativeBuildError:', e)\n"
-        "assert not ct.is_installed()\n"
-        "torch.cuda.graphs.CUDAGraph().capture_begin()  # untouched: nothing was installed\n"
+        f"try:\n    ct.{call}\nexcept {error} as e:\n    print('{name}:', e)\n"
+        "assert not ct.is_installed()\n" + after
     )
     full = {k: v for k, v in os.environ.items() if k not in ("CUDAMEM_DEVICE", "CUDAMEM_TORCH_NATIVE")}
-    full.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path / "cache"),
-                CUDA_HOME=str(tmp_path / "no-cuda"), **env)
+    full.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"),
+                CUDAMEM_CACHE_DIR=str(cache or tmp_path / "cache"), **env)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=full,
                        cwd=str(tmp_path))
-    assert r.returncode == 0 and "NativeBuildError:" in r.stdout, r.stdout + r.stderr
-    assert "native=False" in r.stdout and "torch 2.9 to 2.15" in r.stdout, "it names the fix"
+    assert r.returncode == 0 and f"{name}:" in r.stdout, r.stdout + r.stderr
     return r.stdout
+
+
+def _install_refused(fake_torch, tmp_path, **env):
+    """install() with the defaults, which must raise NativeBuildError; its message."""
+    out = _install_raises(fake_torch, tmp_path, "install()", "NativeBuildError", CUDA_HOME=str(tmp_path / "no-cuda"),
+                          after="torch.cuda.graphs.CUDAGraph().capture_begin()  # untouched: nothing was installed\n",
+                          **env)
+    assert "native=False" in out and "torch 2.9 to 2.15" in out, "it names the fix"
+    return out
 
 
 def test_install_refuses_rather_than_fall_back_when_the_native_class_cannot_be_built(fake_torch, tmp_path):
@@ -121,25 +131,14 @@ def test_install_after_cuda_init_says_so(fake_torch, tmp_path):
 
 
 def test_install_rejects_bad_settings_at_once(fake_torch, tmp_path):
-    root, _ = fake_torch
-    code = (
-        "import cudamem.torch as ct\n"
-        "try:\n    ct.install()\nexcept ValueError as e:\n    print('ValueError:', e)\n"
-        "assert not ct.is_installed()\n"
-    )
-    base = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
-    base.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path))
     for var, value, expect in [("CUDAMEM_ALLOC_CONF", "bogus_key:1", "bogus_key"),
                                ("PYTORCH_ALLOC_CONF", "other_bogus_key:1", "other_bogus_key"),
                                ("CUDAMEM_POLICY", "fastest", "CUDAMEM_POLICY"),
                                ("CUDAMEM_DEVICE", "tpu", "CUDAMEM_DEVICE")]:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**base, var: value}, cwd=str(tmp_path))
-        assert "ValueError:" in r.stdout and expect in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", "import cudamem.torch as ct\ntry:\n    ct.install()\n"
-                        "except RuntimeError as e:\n    print('RuntimeError:', e)\n"],
-                       capture_output=True, text=True, timeout=120, env={**base, "CUDAMEM_DEVICE": "sim"})
-    assert "RuntimeError:" in r.stdout and "simulated" in r.stdout, r.stdout + r.stderr
+        out = _install_raises(fake_torch, tmp_path, "install()", "ValueError", **{var: value})
+        assert expect in out, out
+    out = _install_raises(fake_torch, tmp_path, "install()", "RuntimeError", CUDAMEM_DEVICE="sim")
+    assert "simulated" in out, out
 
 
 def test_install_refuses_a_planted_shim_in_a_group_writable_cache(fake_torch, tmp_path):
@@ -151,31 +150,12 @@ def test_install_refuses_a_planted_shim_in_a_group_writable_cache(fake_torch, tm
     shim.write_bytes(b"planted")
     (cache / (shim.name + ".sha256")).write_text(hashlib.sha256(b"planted").hexdigest() + "  " + shim.name + "\n")
     os.chmod(cache, 0o770)
-    root, _ = fake_torch
-    code = (
-        "import cudamem.torch as ct\n"
-        "try:\n    ct.install()\nexcept ct.UntrustedCacheError as e:\n    print('UntrustedCacheError:', e)\n"
-        "assert not ct.is_installed()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
-    env.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(cache))
     for extra in ({}, {"CUDAMEM_TORCH_NATIVE": "0"}):  # the default path, and the shim's alone
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**env, **extra}, cwd=str(tmp_path))
-        assert r.returncode == 0 and "UntrustedCacheError:" in r.stdout, r.stdout + r.stderr
-        assert str(cache) in r.stdout and "0770" in r.stdout and "chmod 700" in r.stdout, r.stdout
+        out = _install_raises(fake_torch, tmp_path, "install()", "ct.UntrustedCacheError", cache=cache, **extra)
+        assert str(cache) in out and "0770" in out and "chmod 700" in out, out
     assert shim.read_bytes() == b"planted"  # refused, neither loaded nor overwritten
 
 
 def test_install_refuses_a_record_history_of_a_wrong_type_before_installing(fake_torch, tmp_path):
-    root, _ = fake_torch
-    code = (
-        "import cudamem.torch as ct\n"
-        "try:\n    ct.install(native=False, record_history=3)\nexcept TypeError as e:\n    print('TypeError:', e)\n"
-        "assert not ct.is_installed()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "CUDAMEM_DEVICE"}
-    env.update(PYTHONPATH=str(root), FAKE_C10_INCLUDE=str(HERE / "fake_c10"), CUDAMEM_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
-                       cwd=str(tmp_path))
-    assert r.returncode == 0 and "TypeError: record_history must be a bool or a dict" in r.stdout, r.stdout + r.stderr
+    out = _install_raises(fake_torch, tmp_path, "install(native=False, record_history=3)", "TypeError")
+    assert "record_history must be a bool or a dict" in out, out
