@@ -11,23 +11,36 @@
 typedef struct CUstream_st* cudaStream_t;
 using MallocFn = void* (*)(size_t, int, cudaStream_t);
 
-extern "C" int harness_malloc(void* fn, size_t size, int device, void** out, char* msg, size_t len) {
-  MallocFn f = reinterpret_cast<MallocFn>(fn);
+namespace {
+
+// Runs `call` as torch would and reports what it threw (see the top of this file), its message
+// in `msg`.
+template <typename F>
+int catching(F call, char* msg, size_t len) {
   msg[0] = '\0';
+  auto keep = [&](const std::exception& e) {
+    std::strncpy(msg, e.what(), len - 1);
+    msg[len - 1] = '\0';
+  };
   try {
-    *out = f(size, device, nullptr);
+    call();
     return 0;
   } catch (const c10::OutOfMemoryError& e) {
-    std::strncpy(msg, e.what(), len - 1);
-    msg[len - 1] = '\0';
+    keep(e);
     return 1;
   } catch (const c10::Error& e) {
-    std::strncpy(msg, e.what(), len - 1);
-    msg[len - 1] = '\0';
+    keep(e);
     return 2;
   } catch (...) {
     return 3;
   }
+}
+
+}  // namespace
+
+extern "C" int harness_malloc(void* fn, size_t size, int device, void** out, char* msg, size_t len) {
+  MallocFn f = reinterpret_cast<MallocFn>(fn);
+  return catching([&] { *out = f(size, device, nullptr); }, msg, len);
 }
 
 // Calls a pluggable allocator's begin_allocate_to_pool hook as torch's beginAllocateToPool does.
@@ -35,15 +48,5 @@ using BeginPoolFn = void (*)(int, std::pair<unsigned long long, unsigned long lo
 
 extern "C" int harness_begin_pool(void* fn, char* msg, size_t len) {
   BeginPoolFn f = reinterpret_cast<BeginPoolFn>(fn);
-  msg[0] = '\0';
-  try {
-    f(0, {1, 0}, [](cudaStream_t) { return true; });
-    return 0;
-  } catch (const c10::Error& e) {
-    std::strncpy(msg, e.what(), len - 1);
-    msg[len - 1] = '\0';
-    return 2;
-  } catch (...) {
-    return 3;
-  }
+  return catching([&] { f(0, {1, 0}, [](cudaStream_t) { return true; }); }, msg, len);
 }
