@@ -29,15 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _versions_module():
-    """cudamem/_torch_versions.py, read without importing the package (which needs its build)."""
-    spec = importlib.util.spec_from_file_location("_torch_versions", ROOT / "python/cudamem/_torch_versions.py")
+def load_module(name: str, path: Path):
+    """A module of the package by its path, without importing cudamem itself (which needs its
+    build): the modules the scripts use import nothing of cudamem's at load time."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-RELEASES = _versions_module().RELEASES
+RELEASES = load_module("_torch_versions", ROOT / "python/cudamem/_torch_versions.py").RELEASES
 
 DEFAULT = "2.11.0"
 

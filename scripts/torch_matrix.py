@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import importlib.util
 import os
 import platform
 import subprocess
@@ -30,18 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHIM = ROOT / "python" / "cudamem" / "_shim"
 
+import torch_headers as headers_mod  # noqa: E402  (beside this script)
 
-def _load(name: str, path: Path):
-    """A module of the package (or a script) by its path, without importing cudamem itself."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-versions_mod = _load("_torch_versions", ROOT / "python/cudamem/_torch_versions.py")
-build_mod = _load("_torch_build", ROOT / "python/cudamem/_torch_build.py")
-headers_mod = _load("torch_headers", ROOT / "scripts/torch_headers.py")
+versions_mod = headers_mod.load_module("_torch_versions", ROOT / "python/cudamem/_torch_versions.py")
+build_mod = headers_mod.load_module("_torch_build", ROOT / "python/cudamem/_torch_build.py")
 
 TARGETS = (("native class", SHIM / "native_allocator.cpp"), ("shim", SHIM / "torch_shim.cpp"))
 
@@ -51,8 +42,8 @@ def compile_one(cxx: str, version: str, src: Path, cuda: list) -> tuple:
     inc = headers_mod.dest_root() / version / "torch" / "include"
     includes = [str(inc), str(inc / "torch" / "csrc" / "api" / "include"), *cuda]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = build_mod.compile_command(cxx, versions_mod.cxx_standard(version), 1, includes, src, Path(tmp) / "o.o")
-        cmd[1] = "-O0"  # the matrix checks that it compiles; the optimiser adds minutes, nothing else
+        cmd = build_mod.compile_command(cxx, versions_mod.cxx_standard(version), 1, includes, src, Path(tmp) / "o.o",
+                                        optimize="-O0")
         t = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True)
         took = time.monotonic() - t

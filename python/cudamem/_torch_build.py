@@ -54,10 +54,12 @@ def compile_command(
     out: Path,
     libdir: Optional[Path] = None,
     libraries: Sequence[str] = (),
+    optimize: str = "-O2",
 ) -> List[str]:
     """The compiler command for ``src``: a shared library linked to ``libraries`` of ``libdir``,
-    or, without ``libdir``, an object file only (the compile matrix has headers, no libraries)."""
-    cmd = [cxx, "-O2", "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
+    or, without ``libdir``, an object file only (the compile checks have headers, no libraries;
+    they pass ``optimize="-O0"``: whether it compiles does not depend on it)."""
+    cmd = [cxx, optimize, "-fPIC", f"-std={std}", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
     if libdir is None:
         return [*cmd, "-c", str(src), "-o", str(out)]
     return [*cmd, "-shared", str(src), "-o", str(out), f"-L{libdir}", *(f"-l{lib}" for lib in libraries),
