@@ -10,9 +10,8 @@
 # sharded merges line, and the replay table. Full outputs go to $AB_OUT/ab-NAME-ROUND.txt if
 # AB_OUT is set (not $OUT: a device call returns at most 8 files).
 # replay_gpu runs REPLAY_ROUNDS rounds of its table per A/B round (default 1: the alternation is
-# the rounds here; ROUNDS, this script's own, is not passed on). gpu_bench measures its threads
-# in 5 rounds of 500 ms from f6ce474 on, once for 1000 ms before: compare builds from the same
-# side of that commit.
+# the rounds here; ROUNDS, this script's own, is not passed on). gpu_bench's thread rows are
+# comparable only between builds that measure them the same way (rounds and window length).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-2}

@@ -85,15 +85,15 @@ impl Block {
 /// Storage of blocks with stable ids and slot reuse.
 ///
 /// A vacant slot keeps the block that last lived there, marked dead in `live`: reading a block
-/// then tests no `Option` (every operation reads blocks a few dozen times; the test and its
-/// panic path cost 4% of a cache-hit alloc+free pair). A dead id is a bookkeeping bug: `remove`
+/// then tests no `Option` (every operation reads blocks a few dozen times, so the test and its
+/// panic path would be paid on every read). A dead id is a bookkeeping bug: `remove`
 /// panics on it, and so does every access in debug builds; in a release build it reads the
 /// stale block (wrong, but memory-safe).
 ///
 /// Invariant (what makes reads unchecked): `slots` never shrinks, and the only ids used on an
 /// arena are ids it handed out — so every id is in bounds. The arena is private to the crate,
-/// and each engine indexes only its own. Reads skip the bounds check: −4% instructions a
-/// cache-hit pair, −6% a replayed operation (callgrind); debug builds still check.
+/// and each engine indexes only its own. Reads skip the bounds check, which is on every
+/// path (count a replay's instructions under callgrind to see it); debug builds still check.
 #[derive(Debug, Default)]
 pub(crate) struct BlockArena {
     slots: Vec<Block>,
@@ -131,7 +131,7 @@ impl BlockArena {
     }
     /// Removes a block; its id may be reused. Returns the block's fields (the slot keeps a
     /// copy of them until reused).
-    #[inline(always)] // one call per merge; LLVM stopped inlining it once the record grew (+2%)
+    #[inline(always)] // one call per merge; LLVM stops inlining it once the record grows
     pub fn remove(&mut self, id: BlockId) -> Block {
         let i = id.index();
         assert!(std::mem::take(&mut self.live[i]), "removing a dead block");

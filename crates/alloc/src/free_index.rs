@@ -201,8 +201,8 @@ impl StreamBins {
         if i == 0 || (v[i - 1].0, v[i - 1].1) != (size, addr) {
             return false;
         }
-        // The same steps as `StreamBins::remove_at`, written out: calling it here changed the
-        // inlining of the hot path (+2.7% instructions per replayed op, callgrind).
+        // The same steps as `StreamBins::remove_at`, written out: calling it here changes how
+        // LLVM inlines the hot path around it.
         remove_at(v, i - 1);
         if v.is_empty() {
             self.mark(c, false);

@@ -6,8 +6,7 @@
 //!
 //! * **Open addressing, linear probing**, one array of slots whose length is a power of two, at
 //!   most a quarter full: a lookup reads one slot as a rule, so its loop exits where the branch
-//!   predictor expects (at half full, a replayed operation mispredicted 0.5 branches more here,
-//!   10% of all its mispredictions).
+//!   predictor expects (fuller tables make longer probe runs, whose exits mispredict).
 //! * **Eight-byte slots**: a slot holds the block's id and a 32-bit *tag* of the address (its
 //!   bits 9 to 40; allocations are 512-byte aligned), not the address. The block record holds
 //!   the address, so a lookup confirms a tag match against it through a closure the caller
@@ -62,7 +61,7 @@ impl PointerMap {
     /// Slot `i`, unchecked. Every index used here is a home slot (the hash's top
     /// `log2(len)` bits: below `len`) or a probe step masked by [`PointerMap::mask`], and only
     /// while the table is not empty, so it is in bounds; debug builds still check. The checks
-    /// were 5 instructions of a replayed operation's 480 (callgrind).
+    /// would sit on every lookup of the hot path.
     #[inline(always)]
     fn slot(&self, i: usize) -> &Slot {
         debug_assert!(i < self.slots.len());

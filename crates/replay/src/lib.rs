@@ -34,9 +34,10 @@
 //! stack for the reports. `pass.rs`: the loop ([`run_once`], the timed one; [`run_observed`],
 //! the same loop telling an [`Observer`] of each op, which the HTML reports use, so every replay
 //! follows the rules above once). `target.rs`: the simulated device or, with the `cuda`
-//! feature, a real one ([`new_allocator`]). `run.rs`: whole replays, their options and results,
-//! and the smallest-capacity search.
+//! feature, a real one ([`new_allocator`]). `options.rs`: how to replay ([`ReplayOptions`]), read by all
+//! of them. `run.rs`: whole replays and their results, and the smallest-capacity search.
 
+mod options;
 mod pass;
 mod program;
 mod run;
@@ -44,10 +45,10 @@ mod target;
 
 /// Where the simulated GPU places segments ([`ReplayOptions::placement`]).
 pub use cudamem_device::sim::Placement;
+pub use options::ReplayOptions;
 pub use pass::{free_leftovers, run_observed, run_once, Observer, Quiet, DEFERRED_STREAM_BASE};
 pub use program::{DoubleAllocs, Op, Program};
 pub use run::{
-    check_sim_capacity, effective_config, fit, replay, replay_device, settings_string, DeviceResult, ReplayOptions,
-    ReplayResult,
+    check_sim_capacity, effective_config, fit, replay, replay_device, settings_string, DeviceResult, ReplayResult,
 };
 pub use target::{new_allocator, Target};

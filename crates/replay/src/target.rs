@@ -13,7 +13,7 @@ use cudamem_device::sim::{EventMode, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 
 use crate::program::Program;
-use crate::run::ReplayOptions;
+use crate::options::ReplayOptions;
 
 /// Where a replay runs.
 #[derive(Clone, Debug)]

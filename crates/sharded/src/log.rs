@@ -94,8 +94,8 @@ pub(crate) fn push_delta(deltas: &mut Vec<i32>, d: i64) {
 
 /// [`push_delta`] into space already reserved (`out` has room for the longest form); returns
 /// the words written. The hot path's copy of the encoding (the round-trip test holds the two to
-/// the same words): built on `push_delta`'s word array, or written without the slice, it cost
-/// 28–55 more instructions per logged operation.
+/// the same words): built on `push_delta`'s word array, or written without the slice, it costs
+/// tens of instructions more per logged operation.
 #[inline(always)]
 pub(crate) fn write_delta(out: &mut [std::mem::MaybeUninit<i32>], d: i64) -> usize {
     // One unsigned comparison for "fits in an i32 other than i32::MIN".
@@ -150,8 +150,8 @@ pub(crate) enum Tracking {
 /// in all, and whether one of them, or its array's `all`, went above the shard's ceiling. So a
 /// shard reads nothing after an operation: a bounded one tests one flag, a logged one writes the
 /// amounts as they are, and the values before the operation are the values minus the amounts.
-/// A few instructions per change (a fall compares nothing); comparing all twenty values and
-/// their nine sums after every operation cost about 180, and comparing those that rose about 100.
+/// A few instructions per change (a fall compares nothing), where comparing all twenty values
+/// and their nine sums after every operation, or those that rose, would cost far more.
 #[derive(Debug)]
 pub(crate) struct Changes {
     /// Bit `i`: value `i` changed (by `delta[i]`, which may net to 0).

@@ -44,8 +44,8 @@
 //! * Frames are interned into [`Trace::stacks`]; empty frame lists read as
 //!   `None`.
 //! * The pickle is decoded by this crate's own decoder (module `pickle_vm`;
-//!   `serde-pickle`'s is ~10x slower on real traces and unsafe on hostile
-//!   ones): it shares memoized objects as Python does instead of copying
+//!   `serde-pickle`'s copies memoized objects, so it is slow on real traces
+//!   and unsafe on hostile ones): it shares memoized objects as Python does instead of copying
 //!   them, never recurses (the schema walk has a fixed depth, so deep
 //!   nesting and cycles are harmless), uses memory linear in the input, and
 //!   rejects classes and globals. Decode errors carry the byte offset.

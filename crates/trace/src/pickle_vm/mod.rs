@@ -1,9 +1,8 @@
 //! A small, fast pickle decoder for plain data (dicts, lists, tuples, sets,
 //! str, bytes, int, float, bool, None), used to read snapshot pickles.
 //!
-//! Why not `serde-pickle`'s decoder: on the 21 MB `bert_varlen_infer`
-//! snapshot it takes about 6 s in a release build (40 s in a debug build),
-//! because it builds a `BTreeMap` per dict and copies every memoized value at
+//! Why not `serde-pickle`'s decoder: it is slow on real snapshots, because it
+//! builds a `BTreeMap` per dict and copies every memoized value at
 //! each reference; that copying also lets a few kilobytes of crafted pickle
 //! expand exponentially, and its conversion to `Value` recurses once per
 //! nesting level, so a deeply nested pickle overflows the stack. (This crate
