@@ -15,18 +15,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=scripts/gpu/torch
+. $here/common.sh
 
 main() {
     start=$(date +%s)
-    step() { echo; echo "===== $1  (t=$(( $(date +%s) - start ))s)"; }
-    wheel=$(ls -t gpu-out/cudamem-*.whl 2>/dev/null | head -n 1)
-    [ -n "$wheel" ] || { echo "no gpu-out/cudamem-*.whl: run scripts/gpu/torch/build.sh first"; return 1; }
-    cat gpu-out/MANIFEST-torch.txt 2>/dev/null
-    rm -rf /tmp/site/cudamem /tmp/site/cudamem-*.dist-info
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || return 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    export CUDAMEM_CACHE_DIR=/tmp/cudamem-native-$$
-    unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
+    install_wheel || return 1
     work=$(mktemp -d)
     rc=0
 

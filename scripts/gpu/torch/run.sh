@@ -16,25 +16,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 here=scripts/gpu/torch
+. $here/common.sh
 
 main() {
     start=$(date +%s)
-    step() { echo; echo "===== $1  (t=$(( $(date +%s) - start ))s)"; }
-
     step "setup"
-    wheel=$(ls -t gpu-out/cudamem-*.whl 2>/dev/null | head -n 1)
-    if [ -z "$wheel" ]; then
-        echo "no gpu-out/cudamem-*.whl: run scripts/gpu/torch/build.sh on the development machine first"
-        return 1
-    fi
-    echo "wheel: $wheel"
-    cat gpu-out/MANIFEST-torch.txt 2>/dev/null
-    rm -rf /tmp/site/cudamem /tmp/site/cudamem-*.dist-info
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || return 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    # A fresh shim cache, so that step (a) really compiles (and shows compiler errors).
-    export CUDAMEM_CACHE_DIR=/tmp/cudamem-cache-$$
-    unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
+    install_wheel || return 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
     echo "compiler: $(command -v "${CXX:-g++}" || echo none) $(${CXX:-g++} --version 2>/dev/null | head -n 1)"
