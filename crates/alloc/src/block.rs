@@ -28,7 +28,7 @@ use cudamem_device::StreamId;
 use crate::free_index::FreeIndex;
 pub use crate::ids::{AddrKey, BlockId, PoolId, SegmentId, SizeKey};
 
-/// One block. See the [module documentation](self).
+/// One block. See the module documentation (`block.rs`).
 #[derive(Clone, Debug)]
 pub struct Block {
     /// Device address of the first byte.

@@ -88,7 +88,7 @@ pub enum Attempt {
     NeedsDeviceRelease,
 }
 
-/// The allocator state of one device. See the [module documentation](self). `S` hears of
+/// The allocator state of one device. See the module documentation (`engine.rs`). `S` hears of
 /// every change of a per-pool stat value (see [`StatSink`] and [`hook`]); the default hears
 /// nothing.
 #[derive(Debug)]

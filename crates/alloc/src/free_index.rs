@@ -360,13 +360,9 @@ impl FreeIndex {
     }
 
     /// Number of free blocks.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The blocks of `stream` from the first at or after `(size, 0)`, ascending.

@@ -8,40 +8,52 @@
 //! ## Where things are
 //! | concern | module |
 //! |---|---|
-//! | vocabulary: blocks, pools, their invariants | [`block`], [`segment`], [`ids`] |
-//! | best fit in constant time | [`free_index`] |
-//! | address → block, for `free` and `record_stream` | [`pointer_map`] |
-//! | the algorithm (malloc, free, events, release, OOM retry) | [`engine`] |
+//! | vocabulary: blocks, pools, their invariants | `block.rs`, `segment.rs`, `ids.rs` |
+//! | best fit in constant time | `free_index.rs` |
+//! | address → block, for `free` and `record_stream` | `pointer_map.rs` |
+//! | the algorithm (malloc, free, events, release, OOM retry) | `engine.rs` and `engine/` |
 //! | the decisions (rounding, pools, fit, split, expandable) | [`policy`] — one file per policy |
 //! | configuration (`PYTORCH_CUDA_ALLOC_CONF` syntax) | [`config`] |
 //! | sizes written by people (`80GiB`, `141GB`), for every interface | [`size`] |
-//! | statistics and the summary table | [`stats`], [`summary`], [`format`] |
+//! | statistics and the summary table | [`stats`], [`summary`], [`format`](mod@format) |
 //! | history (PyTorch's memory trace) and snapshots | [`history`], [`snapshot`] |
-//! | executable invariants | [`invariants`] |
-//! | what an allocator composed of several engines may use | [`engine::hook`] |
+//! | executable invariants | `invariants.rs` ([`check_engine`]) |
+//! | what an allocator composed of several engines may use | [`hook`] |
 //! | errors | [`error`] |
+//!
+//! ## What is public
+//! [`CachingAllocator`] is the front door. The engine's own modules (blocks, segments, the free
+//! index, the pointer map, the engine and its parts, the lock) are private; the items a caller
+//! names are re-exported here: what a [`Policy`] sees ([`Block`], [`PoolId`]), the ids and
+//! checkpoints of private pools, tags, IPC handles and trace observers, and [`Engine`] itself
+//! for allocators composed of engines ([`hook`]) and for loops that hold the lock across many
+//! calls ([`CachingAllocator::lock`]). The modules that stay public are what callers configure,
+//! read and format.
 //!
 //! ## Locking
 //! One mutex per device allocator guards all of its state (as PyTorch's per-device mutex does);
 //! the device is called with the lock held. `CachingAllocator` is `Send + Sync`. An allocator
 //! that gives groups of streams engines of their own (the `cudamem-sharded` crate) builds on
-//! [`engine::hook`] only.
+//! [`hook`] only.
 
 #![warn(missing_docs)]
 
-pub mod block;
+// The engine's own modules: private, reached through the items re-exported below.
+mod block;
+mod engine;
+mod free_index;
+mod ids;
+mod invariants;
+mod lock;
+mod pointer_map;
+mod segment;
+
+// What callers configure, read and format: public modules.
 pub mod config;
-pub mod engine;
 pub mod error;
 pub mod format;
-pub mod free_index;
 pub mod history;
-pub mod ids;
-pub mod invariants;
-pub mod lock;
-pub mod pointer_map;
 pub mod policy;
-pub mod segment;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
@@ -51,8 +63,13 @@ use std::sync::Arc;
 
 use cudamem_device::{Device, DevicePtr, StreamId};
 
+pub use block::{Block, PoolId};
 pub use config::AllocatorConfig;
-pub use engine::{sleep_annotation, Engine, SleepStats, TagId, TagInfo};
+pub use engine::hook;
+pub use engine::{sleep_annotation, Engine, SleepStats, TagId, TagInfo, MAX_TAG_LEN, ONE_EXABYTE};
+pub use engine::{CheckpointDelta, MempoolId, PoolCheckpoint, PoolSlot, SegmentCheckpoint};
+pub use engine::{Shared, TraceEvent, TraceObserver};
+pub use invariants::check as check_engine;
 pub use error::{AllocError, OutOfMemory};
 pub use history::{Frame, RecordContext};
 pub use lock::{EngineGuard, EngineLock};
@@ -236,7 +253,7 @@ impl CachingAllocator {
     }
     /// Gives the device memory of the tags named (all awake ones if none) back to the device,
     /// keeping their addresses; with `offload`, their bytes go to host memory first. See
-    /// [`engine`]'s tags module for the rules.
+    /// the engine's tags module (`engine/tags.rs`) for the rules.
     pub fn sleep(&self, tags: &[&str], offload: bool) -> Result<(), AllocError> {
         self.lock().sleep(tags, offload)
     }
@@ -253,7 +270,7 @@ impl CachingAllocator {
     pub fn tags(&self) -> Vec<TagInfo> {
         self.lock().tags()
     }
-    /// Checks every invariant (slow; for tests). See [`invariants`].
+    /// Checks every invariant (slow; for tests). See [`check_engine`].
     pub fn check_invariants(&self) -> Result<(), String> {
         invariants::check(&self.lock())
     }

@@ -36,7 +36,7 @@ const YIELDS: u32 = 200;
 /// The longest sleep between two looks at the lock.
 pub const MAX_PAUSE: Duration = Duration::from_micros(200);
 
-/// A value behind the lock. See the [module documentation](self).
+/// A value behind the lock. See the module documentation (`lock.rs`).
 pub struct EngineLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,

@@ -158,11 +158,6 @@ impl PointerMap {
         self.len
     }
 
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The id of every entry, in no particular order.
     pub fn ids(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.slots.iter().filter_map(|s| s.1)
@@ -259,7 +254,7 @@ mod tests {
                 let addr = at(BlockId::new(k), round);
                 assert_eq!(m.remove(addr, |id| at(id, round) == addr), Some(BlockId::new(k)));
             }
-            assert!(m.is_empty() && m.ids().next().is_none());
+            assert!(m.len() == 0 && m.ids().next().is_none());
             assert_eq!(m.get(1 << 20, |_| true), None);
         }
         assert_eq!(m.remove(512, |_| true), None, "removing what is not there");

@@ -12,7 +12,7 @@
 //! * `active` and `active_bytes` mirror `allocation` and `allocated_bytes` until a block first
 //!   waits for events (they are equal field for field until then);
 //! * `all`'s `current`, `allocated` and `freed` are the pools' sums, so only the pool's values
-//!   and `all`'s peak (against the pools' sum) change ([`StatArray::increase_pool`]).
+//!   and `all`'s peak (against the pools' sum) change (`StatArray::increase_pool`).
 //!   `all.peak` is the one value of `all` that the pools do not determine.
 
 use crate::summary::StatsDict;

@@ -168,7 +168,7 @@ fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
 /// default pools reclaims nothing: an unmap waits for its stream, which a capture forbids.
 #[test]
 fn no_reclaim_while_a_private_pool_is_allocated_to() {
-    use cudamem_alloc::engine::MempoolId;
+    use cudamem_alloc::MempoolId;
     let (sim, a) = setup("cudamem", 64 << 30);
     let y = large_hole_below_a_live_block(&a);
     let pool: MempoolId = (1, 7);

@@ -1,10 +1,10 @@
 //! Property tests: random sequences of alloc / free / record_stream / empty_cache / event
 //! completion, under several configurations and with random device failures, with every
-//! invariant checked after every step (see `cudamem_alloc::invariants`).
+//! invariant checked after every step (see `cudamem_alloc::check_engine`).
 
 use std::sync::Arc;
 
-use cudamem_alloc::block::{Block, PoolId};
+use cudamem_alloc::{Block, PoolId};
 use cudamem_alloc::policy::{self, PoolSpec};
 use cudamem_alloc::{AllocatorConfig, CachingAllocator, Engine, NoSink, Policy, StatSink};
 use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice};

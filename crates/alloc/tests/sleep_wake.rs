@@ -205,7 +205,7 @@ fn misuse_is_an_error_that_names_the_tag_and_changes_nothing() {
         assert!(e.create_or_incref_pool((u64::MAX, 0)).is_err());
         assert!(e.release_pool((u64::MAX, 0)).is_err());
         assert!(e.empty_pool_cache((u64::MAX, 0)).is_err());
-        assert!(e.malloc_in_pool(MIB, S0, cudamem_alloc::engine::PoolSlot(0)).is_err());
+        assert!(e.malloc_in_pool(MIB, S0, cudamem_alloc::PoolSlot(0)).is_err());
     }
     assert!(err(a.wake(&["awake"])).contains("not asleep"));
     assert_eq!((sim.used(), a.sleep_stats()), (used, st), "the errors changed nothing");

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudamem_alloc::engine::TraceEvent;
+use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
 use cudamem_alloc::{sleep_annotation, AllocatorConfig, CachingAllocator, RecordContext};
 use cudamem_device::sim::{FaultOp, FaultPlan, SimConfig, SimDevice};

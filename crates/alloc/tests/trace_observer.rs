@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudamem_alloc::engine::TraceEvent;
+use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;

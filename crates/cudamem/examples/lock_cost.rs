@@ -4,7 +4,7 @@
 //! * `std::sync::Mutex`: an engine behind `std::sync::Mutex`, locked per operation, the
 //!   lock `CachingAllocator` had before `EngineLock` (given back with an atomic swap);
 //! * `EngineLock`: `CachingAllocator::malloc` / `free`, locked per operation (given back with a
-//!   plain store; see `cudamem_alloc::lock`);
+//!   plain store; see `cudamem_alloc::EngineLock`);
 //! * `api`: `Allocator::alloc` and dropping the buffer (the Rust API, `gpu_bench`'s pair path).
 //!
 //! `cargo run --release -p cudamem --example lock_cost [ROUNDS]`

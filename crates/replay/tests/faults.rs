@@ -4,7 +4,7 @@
 //! 1%, 10%, 50%) and at chosen points (the Nth malloc / map / query), on an H200-sized device
 //! and on one just large enough for the trace. After every run:
 //!
-//! * every invariant holds (`cudamem_alloc::invariants`, checked every few thousand ops too),
+//! * every invariant holds (`cudamem_alloc::check_engine`, checked every few thousand ops too),
 //!   the device's own check passes, and reserved bytes equal the device's used bytes;
 //! * the stats add up: live allocations and requested bytes equal what the replay holds,
 //!   `num_ooms` equals the out-of-memory errors seen, and (native policy) device allocations
@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudamem_alloc::{invariants, AllocatorConfig, CachingAllocator};
+use cudamem_alloc::{check_engine, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
 use cudamem_replay::{effective_config, Op, Program, ReplayOptions};
@@ -214,11 +214,11 @@ fn run(p: &Program, cfg: &AllocatorConfig, policy: &str, capacity: u64, plan: Fa
                     .unwrap_or_else(|err| panic!("{what}: op {i}: empty_cache: {err}")),
             }
             if i % CHECK_EVERY == CHECK_EVERY - 1 {
-                invariants::check(&e).unwrap_or_else(|err| panic!("{what}: after op {i}: {err}"));
+                check_engine(&e).unwrap_or_else(|err| panic!("{what}: after op {i}: {err}"));
             }
         }
         t.ops = p.ops.len() as u64;
-        invariants::check(&e).unwrap_or_else(|err| panic!("{what}: at the end: {err}"));
+        check_engine(&e).unwrap_or_else(|err| panic!("{what}: at the end: {err}"));
         let s = e.stats();
         assert_eq!(s.num_ooms as u64, t.ooms, "{what}: num_ooms");
         assert_eq!(s.allocation.all().current, live, "{what}: live allocations");

@@ -78,7 +78,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudamem_device::{Device, DevicePtr, StreamId};
 
-use cudamem_alloc::engine::hook::Attempt;
+use cudamem_alloc::hook::Attempt;
 use cudamem_alloc::stats::{DeviceStats, Stat, StatSink};
 use cudamem_alloc::summary::{self, StatsDict};
 use cudamem_alloc::{policy, AllocError, AllocatorConfig, Engine};

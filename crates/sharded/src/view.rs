@@ -182,7 +182,7 @@ impl ShardedAllocator {
         let (agg, shards, mode) = self.snapshot();
         let mut sum = [0i64; N];
         for (i, st) in shards.iter().enumerate() {
-            cudamem_alloc::invariants::check(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
+            cudamem_alloc::check_engine(&st.engine).map_err(|e| format!("shard {i}: {e}"))?;
             for (s, c) in sum.iter_mut().zip(currents(st.engine.kept_stats())) {
                 *s += c;
             }

@@ -19,7 +19,7 @@ use cudamem_device::ipc::{ExportedMapping, IPC_HANDLE_SIZE};
 use super::{Engine, StatSink};
 use crate::error::AllocError;
 
-/// How another process maps an allocation; see the [module documentation](self).
+/// How another process maps an allocation; see the module documentation (`engine/ipc.rs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shared {
     /// The allocation lies at `ptr - base` in the segment `[base, base+size)`, whose IPC

@@ -40,7 +40,7 @@ pub struct TraceEvent {
     pub stream: StreamId,
 }
 
-/// Hears the engine's events; see the [module documentation](self).
+/// Hears the engine's events; see the module documentation (`engine/observer.rs`).
 pub type TraceObserver = Arc<dyn Fn(&TraceEvent) + Send + Sync>;
 
 /// The engine's observer, if any.

@@ -102,7 +102,7 @@ pub enum Reclaim {
 }
 
 /// The `cudamem`, `cudamem-compact` and `cudamem-compact16` policies. See the
-/// [module documentation](self).
+/// module documentation (`policy/cudamem.rs`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CudamemPolicy {
     /// Reclaim at the high-water mark, and in what units.
