@@ -18,7 +18,7 @@
 //! "unexpected or illformed shareable handle type"). Integers are little-endian, as on every
 //! machine torch's CUDA build runs on. Padding is zero, because receivers cache by the bytes.
 
-use cudamem_alloc::engine::Shared;
+use cudamem_alloc::Shared;
 use cudamem_device::ipc::{ImportedPart, IPC_HANDLE_SIZE};
 
 /// The version byte cudamem writes (PyTorch's `SHAREABLE_HANDLE_VERSION`).

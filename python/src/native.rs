@@ -18,7 +18,7 @@
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudamem_alloc::engine::PoolSlot;
+use cudamem_alloc::PoolSlot;
 use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudamem_alloc::engine::PoolCheckpoint;
+use cudamem_alloc::PoolCheckpoint;
 
 use crate::ffi::{self, ERR_INVALID, ERR_NONE};
 use crate::native::{aerr, alloc, run, PtrSink};

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudamem::{DeviceSpec, OpenedDevice};
-use cudamem_alloc::engine::TraceObserver;
+use cudamem_alloc::TraceObserver;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::DeviceError;

@@ -5,13 +5,13 @@
 //! `TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1`), or torch's memory history
 //! (`recordHistory`), which the class keeps in torch's own `TraceEntry`s with torch's context
 //! recorder. Every allocator's trace observer calls the hook (see
-//! `cudamem_alloc::engine::TraceObserver` for when, on which thread and under which lock);
+//! `cudamem_alloc::TraceObserver` for when, on which thread and under which lock);
 //! with nobody listening the hook is removed and the engines pay nothing.
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use cudamem_alloc::engine::TraceEvent;
+use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
 
 use crate::native::run;
@@ -42,7 +42,7 @@ fn c10_action(a: Action) -> Option<c_int> {
 pub(crate) unsafe extern "C" fn nat_set_trace_hook(ctx: *mut c_void, hook: Option<TraceHook>) -> c_int {
     let ctx = ctx as usize;
     run("set_trace_hook", || {
-        let observer = hook.map(|hook| -> cudamem_alloc::engine::TraceObserver {
+        let observer = hook.map(|hook| -> cudamem_alloc::TraceObserver {
             Arc::new(move |e: &TraceEvent| {
                 if let Some(action) = c10_action(e.action) {
                     // SAFETY: the C++ side passed a hook and a context valid while installed.
