@@ -84,10 +84,16 @@ fn delta(a: &DeviceCounters, b: &DeviceCounters) -> DeviceCounters {
 }
 
 fn measure(name: &str, policy: &str) -> Figures {
+    measure_at(name, policy, ReplayOptions::default().capacity)
+}
+
+/// [`measure`] on a simulated GPU of `capacity` bytes.
+fn measure_at(name: &str, policy: &str, capacity: u64) -> Figures {
     let t = trace(name);
     let opts = ReplayOptions {
         policy: policy.into(),
         repeats: 0,
+        capacity,
         ..ReplayOptions::default()
     };
     let cfg = effective_config(&t, &opts).unwrap();
@@ -187,6 +193,23 @@ fn table() {
                 c.mallocs + c.frees,
                 w.maps + w.unmaps,
                 w.mallocs + w.frees
+            );
+        }
+    }
+}
+
+/// The default's figures by capacity (prints).
+#[test]
+#[ignore]
+fn by_capacity() {
+    let caps: Vec<u64> = std::env::var("CAPS").unwrap().split(',').map(|c| c.parse().unwrap()).collect();
+    for &(name, _, _, _) in PINNED {
+        for &c in &caps {
+            let f = measure_at(name, DEFAULT, c);
+            let (k, w) = (&f.cold, &f.warm);
+            eprintln!(
+                "{name:22} {c:>14} ratio {:.4} warm {:.4} | cold maps {:6} unmaps {:5} | warm maps {:6} unmaps {:5}",
+                f.ratio, f.warm_ratio, k.maps, k.unmaps, w.maps, w.unmaps
             );
         }
     }
