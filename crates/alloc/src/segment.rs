@@ -92,7 +92,7 @@ impl Segment {
         }
         let piece = match first {
             0 => chunk,
-            f => f.clamp(ps, chunk),
+            f => f.clamp(ps, chunk) / ps * ps,
         };
         map_run(dev, mappings, ptr, end, piece)
     }
