@@ -39,12 +39,24 @@ fn request_at_the_limit(sim: &SimDevice, a: &CachingAllocator, live: &[u64], sho
     let z = a.malloc(REQUEST, S).unwrap_or_else(|e| panic!("{what}: {e}"));
     let d = sim.counters();
     a.check_invariants().unwrap();
-    assert_eq!(d.pages_unmapped - before.pages_unmapped, short / PAGE, "{what}: only what it lacked");
-    assert_eq!(d.pages_mapped - before.pages_mapped, REQUEST / PAGE, "{what}: no refused attempt");
+    assert_eq!(
+        d.pages_unmapped - before.pages_unmapped,
+        short / PAGE,
+        "{what}: only what it lacked"
+    );
+    assert_eq!(
+        d.pages_mapped - before.pages_mapped,
+        REQUEST / PAGE,
+        "{what}: no refused attempt"
+    );
     assert_eq!(a.stats().num_alloc_retries, 0, "{what}: PyTorch's retry was not needed");
     assert_eq!(a.stats().num_ooms, 0, "{what}");
     for (&p, size) in live.iter().zip([LIVE, FILL]) {
-        assert_eq!(a.lock().allocation_size(p), Some(size), "{what}: a live block is untouched");
+        assert_eq!(
+            a.lock().allocation_size(p),
+            Some(size),
+            "{what}: a live block is untouched"
+        );
     }
     a.free(z).unwrap();
     a.check_invariants().unwrap();
@@ -104,7 +116,7 @@ fn a_capture_is_never_disturbed_and_the_error_says_so() {
         e.begin_allocate_to_pool(pool).unwrap();
         let used = sim.used();
         let r = e.malloc(REQUEST, StreamId(3)); // not the pool's stream: the default pools
-        // (The refused growth's own pages were undone; the hole's stayed.)
+                                                // (The refused growth's own pages were undone; the hole's stayed.)
         assert_eq!(sim.used(), used, "the hole stays mapped");
         match r {
             Err(AllocError::OutOfMemory(o)) => {

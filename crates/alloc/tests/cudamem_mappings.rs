@@ -7,7 +7,9 @@
 //! free mappings. Mappings are counted on the simulated device. (`cudamem_at_limit.rs`: what
 //! happens when the device or the memory fraction refuses a growth.)
 
-use cudamem_alloc::policy::{LARGE_GROWTH, MAP_CHUNK, PAGE, PAGE_MAPPING_HEADROOM, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM};
+use cudamem_alloc::policy::{
+    LARGE_GROWTH, MAP_CHUNK, PAGE, PAGE_MAPPING_HEADROOM, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM,
+};
 use cudamem_alloc::CachingAllocator;
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
@@ -58,7 +60,7 @@ fn a_growth_nearer_the_limit_is_mapped_page_by_page() {
     let capacity = 1 << 30;
     let (sim, a) = setup("cudamem", capacity);
     let first = a.malloc(GROWTH, StreamId(0)).unwrap(); // leaves 80% free: chunks
-    // The second leaves 61%: pages.
+                                                        // The second leaves 61%: pages.
     assert!(((capacity - 2 * GROWTH) as f64) < PAGE_MAPPING_HEADROOM * capacity as f64);
     assert_eq!(maps_of_one_growth(&sim, &a), (GROWTH / PAGE, GROWTH / PAGE));
     a.free(first).unwrap();

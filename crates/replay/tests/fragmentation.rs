@@ -188,8 +188,15 @@ fn default_policy_keeps_them_at_141_gb_too() {
         let f = measure_at(name, DEFAULT, H200_ADVERTISED);
         let w = &f.warm;
         let calls = w.maps + w.unmaps + w.mallocs + w.frees;
-        assert!(f.ratio.max(f.warm_ratio) <= pin, "{name}: {:.4} > pinned {pin}", f.ratio);
-        assert!(calls <= warm_calls, "{name}: the warm pass called the driver {calls} times: {w:?}");
+        assert!(
+            f.ratio.max(f.warm_ratio) <= pin,
+            "{name}: {:.4} > pinned {pin}",
+            f.ratio
+        );
+        assert!(
+            calls <= warm_calls,
+            "{name}: the warm pass called the driver {calls} times: {w:?}"
+        );
         assert!(f.cold.maps <= cold_maps, "{name}: {} cold mappings", f.cold.maps);
     }
 }
@@ -206,12 +213,21 @@ fn default_policy_fits_within_its_pinned_gpu() {
             ..ReplayOptions::default()
         };
         let smallest = cudamem_replay::fit(&t, &opts).unwrap();
-        let peak = cudamem_replay::replay(&t, &ReplayOptions { plan_addresses: Some(false), ..opts })
-            .unwrap()
-            .max(|d| d.peak_requested_bytes);
+        let peak = cudamem_replay::replay(
+            &t,
+            &ReplayOptions {
+                plan_addresses: Some(false),
+                ..opts
+            },
+        )
+        .unwrap()
+        .max(|d| d.peak_requested_bytes);
         let ratio = smallest as f64 / peak as f64;
         eprintln!("{name}: smallest GPU {smallest} bytes, {ratio:.4} x peak requested");
-        assert!(ratio <= pin, "{name}: smallest GPU {ratio:.4} x peak requested > pinned {pin}");
+        assert!(
+            ratio <= pin,
+            "{name}: smallest GPU {ratio:.4} x peak requested > pinned {pin}"
+        );
         assert!(ratio <= GOAL_RATIO, "{name}: {ratio:.4} > the goal {GOAL_RATIO}");
     }
 }
@@ -264,7 +280,11 @@ fn table() {
 fn by_capacity() {
     let caps = std::env::var("CAPS").unwrap_or("150109880320,141000000000,137438953472,85899345920".into());
     let caps: Vec<u64> = (caps.split(','))
-        .map(|c| c.trim().parse().unwrap_or_else(|_| panic!("CAPS: {c:?} is not a number of bytes")))
+        .map(|c| {
+            c.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("CAPS: {c:?} is not a number of bytes"))
+        })
         .collect();
     for &(name, _, _, _) in PINNED {
         for &c in &caps {

@@ -59,9 +59,7 @@ impl<S: StatSink> Engine<S> {
         }
         // Near the limit, make room before a growth that would be refused, rather than after
         // mapping part of it: the device refuses a mapping only once it is out of memory.
-        if self.private.active == 0
-            && self.policy.get().reclaim_at_limit()
-            && !self.plentiful(req.pool, req.alloc_size)
+        if self.private.active == 0 && self.policy.get().reclaim_at_limit() && !self.plentiful(req.pool, req.alloc_size)
         {
             self.reclaim_at_limit(req)?;
         }

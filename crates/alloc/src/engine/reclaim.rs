@@ -91,9 +91,9 @@ impl<S: StatSink> Engine<S> {
     /// does), or what the device's free memory lacks for the pages the growth maps. 0 when
     /// neither lacks anything or the device cannot say.
     fn shortfall(&self, req: &Request) -> u64 {
-        let fraction = self
-            .allowed_memory_maximum
-            .map_or(0, |max| (self.total_allocated_memory + req.alloc_size).saturating_sub(max));
+        let fraction = self.allowed_memory_maximum.map_or(0, |max| {
+            (self.total_allocated_memory + req.alloc_size).saturating_sub(max)
+        });
         let need = match self.growth_page_size(req.pool) {
             Some(ps) => self.bytes_to_map(req, ps),
             None => req.alloc_size,
