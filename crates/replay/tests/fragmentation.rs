@@ -62,7 +62,7 @@ const PINNED_FIT: &[(&str, f64)] = &[
     ("gpt2_train", 1.006),
     ("resnet50_train", 1.006),
     ("bert_varlen_infer", 1.019),
-    ("multistream_prefetch", 1.024),
+    ("multistream_prefetch", 1.012),
     ("seed_example", 1.023),
     ("est/generate_b2", 1.004),
     ("est/generate_b4", 1.004),

@@ -7,7 +7,9 @@
 //!   take the reserved total past the most this allocator ever held, in the growing pool,
 //!   largest free blocks first, until the growth fits under the mark;
 //! * **at the limit** (`Policy::reclaim_at_limit`): when the device or the memory fraction has
-//!   refused a growth, in every default pool, largest free blocks first, only as many bytes as
+//!   refused a growth, in the default pools' blocks of the request's stream (so that the shards
+//!   of `sharded:True`, one per group of streams, decide as one engine would), largest free
+//!   blocks first, only as many bytes as
 //!   the request lacks (taken from the top of a block), and the growth is tried again. This
 //!   comes before PyTorch's ladder (release the oversize cached blocks, then synchronise and
 //!   release the whole cache), which stays the last resort.
@@ -42,7 +44,7 @@ impl<S: StatSink> Engine<S> {
     }
 
     /// The policy's `reclaim_at_limit`, after a growth for `req` was refused: unmaps whole free
-    /// mappings of the default pools, largest free blocks first and from each block's top, until
+    /// mappings of the default pools on the request's stream, largest free blocks first and from each block's top, until
     /// the memory fraction and the device's free memory have room for the request. Returns
     /// whether anything was unmapped (the caller then grows again).
     pub(super) fn reclaim_at_limit(&mut self, req: &Request) -> Result<bool, AllocError> {
@@ -57,7 +59,7 @@ impl<S: StatSink> Engine<S> {
                 !self.private.is_private(p) && !self.tags.is_tagged(p)
             })
             .flat_map(|p| self.pools[p].blocks.iter())
-            .filter(|k| k.1 >= g && self.blocks[k.3].expandable)
+            .filter(|k| k.0 == req.stream && k.1 >= g && self.blocks[k.3].expandable)
             .map(|k| (k.1, k.2, k.3))
             .collect();
         candidates.sort_unstable_by(|a, b| b.cmp(a));
