@@ -8,8 +8,10 @@
 //! 1. Complete what finished: query outstanding events, free blocks whose events all completed.
 //! 2. Round the request, choose its pool, and look for the best cached fit on the same stream.
 //! 3. No fit: garbage-collect (only with a memory fraction and a GC threshold), then get device
-//!    memory (a segment, or pages of an expandable segment), then — on failure — release oversize
-//!    cached blocks and retry, then synchronise, release every unsplit cached block and retry.
+//!    memory (a segment, or pages of an expandable segment), then — on failure — reclaim free
+//!    pages from holes and retry (only if the policy says so, see `engine/reclaim.rs`), release
+//!    oversize cached blocks and retry, then synchronise, release every unsplit cached block and
+//!    retry.
 //! 4. Still nothing: record an `oom` event and return [`AllocError::OutOfMemory`].
 //! 5. Split the block if the policy says so; hand out the front part.
 //!
@@ -28,7 +30,8 @@
 //! that grow by mapping pages. `engine/free.rs`: free and merge. `engine/events.rs`: streams and events.
 //! `engine/release.rs`: returning cached memory. `engine/settings.rs`: the memory fraction and read-only
 //! views. `engine/private_pools.rs`: CUDA-graph and `MemPool` pools. `engine/tags.rs`: sleep and wake.
-//! `engine/grow.rs`: device memory for a miss, and out of memory.
+//! `engine/grow.rs`: device memory for a miss, and out of memory. `engine/reclaim.rs`: free
+//! pages moved to where a growth needs them.
 //! `engine/hook.rs`: what an allocator composed of several engines may use (its whole interface
 //! to them).
 
@@ -55,6 +58,7 @@ mod ipc;
 mod observer;
 mod pool_sources;
 mod private_pools;
+mod reclaim;
 mod release;
 mod settings;
 mod tags;
@@ -304,6 +308,11 @@ impl<S: StatSink> Engine<S> {
         if self.private.active > 0 {
             // Releasing memory synchronises, which a capture forbids: out of memory.
             return Ok(None);
+        }
+        if self.policy.get().reclaim_at_limit() && self.reclaim_at_limit(req)? {
+            if let Some(b) = self.alloc_block(req, false)? {
+                return Ok(Some(b));
+            }
         }
         if self.release_available_cached_blocks(req)? {
             if let Some(b) = self.alloc_block(req, false)? {

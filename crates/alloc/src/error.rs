@@ -37,6 +37,10 @@ pub struct OutOfMemory {
     pub largest_free_block: u64,
     /// True for requests of 1 EB or more, which PyTorch rejects without trying.
     pub over_one_exabyte: bool,
+    /// True when the policy would have moved free pages from holes to the request, but a CUDA
+    /// graph capture or memory-pool context was open, which nothing may disturb (beyond
+    /// PyTorch).
+    pub not_moved_during_capture: bool,
 }
 
 impl OutOfMemory {
@@ -88,10 +92,17 @@ impl fmt::Display for OutOfMemory {
             write!(
                 f,
                 " [cudamem: requested {}; largest free cached block {}; fragmentation {:.1}% of cached memory; \
-                 the largest batch that fits: cudamem scale or cudamem.estimate, docs/guide/will-it-fit.md]",
+                 {}the largest batch that fits: cudamem scale or cudamem.estimate, docs/guide/will-it-fit.md]",
                 format_size(self.requested),
                 format_size(self.largest_free_block),
-                100.0 * self.fragmentation()
+                100.0 * self.fragmentation(),
+                if self.not_moved_during_capture {
+                    "free pages in holes were not moved to this request because a CUDA graph capture or \
+                     memory-pool context is open (moving them waits for a stream, which a capture \
+                     forbids); "
+                } else {
+                    ""
+                }
             )?;
         }
         Ok(())

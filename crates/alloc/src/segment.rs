@@ -60,8 +60,9 @@ impl Segment {
 
     /// Maps `[ptr, ptr+size)` rounded out to whole pages, all of it unmapped so far — PyTorch's
     /// `ExpandableSegment::map` — in mappings of at most `first` bytes (`u64::MAX`: one
-    /// mapping) when that is more than `map_chunk`, else of at most `map_chunk` bytes (and in
-    /// those after all if the device refuses the larger ones for lack of memory). Returns the
+    /// mapping) when that is more than `map_chunk` (and in `map_chunk` ones after all if the
+    /// device refuses the larger ones for lack of memory), of `map_chunk` bytes when `first` is
+    /// 0, and of `first` bytes (at least a page) when it is less than `map_chunk`. Returns the
     /// mapped range, or `Ok(None)` when the device ran out of memory (nothing stays mapped by
     /// this call then).
     pub fn map(
@@ -89,7 +90,11 @@ impl Segment {
                 return Ok(Some(r));
             } // refused for lack of memory: smaller mappings may still fit
         }
-        map_run(dev, mappings, ptr, end, chunk)
+        let piece = match first {
+            0 => chunk,
+            f => f.clamp(ps, chunk) / ps * ps,
+        };
+        map_run(dev, mappings, ptr, end, piece)
     }
 
     /// Unmaps the mappings lying wholly inside `[ptr, ptr+size)` — PyTorch's

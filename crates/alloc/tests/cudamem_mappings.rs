@@ -1,11 +1,15 @@
 //! How the `cudamem` policy maps a growth: one device mapping while at least
 //! `WHOLE_GROWTH_HEADROOM` of the memory it may use stays unreserved after it (the device's, or
-//! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that, and a growth of at least
-//! `LARGE_GROWTH` while memory is plentiful in `RECLAIM_CHUNK` pieces, after reclaiming holes; `cudamem-compact` maps
+//! the memory fraction's limit), `MAP_CHUNK`-sized mappings below that, single pages below
+//! `PAGE_MAPPING_HEADROOM`, and a growth of at least `LARGE_GROWTH` in pieces (of
+//! `RECLAIM_CHUNK` while memory is plentiful), after reclaiming holes; `cudamem-compact` maps
 //! page by page and `cudamem-compact16` in `MAP_CHUNK` pieces, whose reclaim unmaps only wholly
-//! free mappings. Mappings are counted on the simulated device.
+//! free mappings. Mappings are counted on the simulated device. (`cudamem_at_limit.rs`: what
+//! happens when the device or the memory fraction refuses a growth.)
 
-use cudamem_alloc::policy::{LARGE_GROWTH, MAP_CHUNK, PAGE, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM};
+use cudamem_alloc::policy::{
+    LARGE_GROWTH, MAP_CHUNK, PAGE, PAGE_MAPPING_HEADROOM, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM,
+};
 use cudamem_alloc::CachingAllocator;
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
@@ -49,6 +53,17 @@ fn a_growth_near_the_limit_is_cut_into_map_chunk_mappings() {
         maps_of_one_growth(&sim, &a),
         (GROWTH.div_ceil(MAP_CHUNK), GROWTH / PAGE)
     );
+}
+
+#[test]
+fn a_growth_nearer_the_limit_is_mapped_page_by_page() {
+    let capacity = 1 << 30;
+    let (sim, a) = setup("cudamem", capacity);
+    let first = a.malloc(GROWTH, StreamId(0)).unwrap(); // leaves 80% free: chunks
+                                                        // The second leaves 61%: pages.
+    assert!(((capacity - 2 * GROWTH) as f64) < PAGE_MAPPING_HEADROOM * capacity as f64);
+    assert_eq!(maps_of_one_growth(&sim, &a), (GROWTH / PAGE, GROWTH / PAGE));
+    a.free(first).unwrap();
 }
 
 #[test]
@@ -120,48 +135,37 @@ fn large_hole_below_a_live_block(a: &CachingAllocator) -> u64 {
 
 /// While memory is plentiful, a growth of at least `LARGE_GROWTH` is mapped in `RECLAIM_CHUNK`
 /// pieces, and one that would pass the high-water mark first unmaps the wholly free mappings of
-/// holes; near the limit (a memory fraction) it does not reclaim, and leaves that to the
-/// out-of-memory retry.
+/// holes; nearer the limit (a memory fraction) it does the same, in smaller pieces.
 #[test]
-fn cudamem_reclaims_before_large_growths_while_memory_is_plentiful() {
+fn cudamem_reclaims_before_large_growths_at_any_distance_from_the_limit() {
     let s = StreamId(0);
-    let (sim, a) = setup("cudamem", 64 << 30);
-    let before = sim.counters();
-    let y = large_hole_below_a_live_block(&a);
-    let d = sim.counters();
-    assert_eq!(
-        d.maps - before.maps,
-        LARGE_GROWTH / RECLAIM_CHUNK + 1,
-        "a large growth in pieces, a small one whole"
-    );
-    let before = sim.counters();
-    let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap(); // fits no hole: a large growth
-    let d = sim.counters();
-    a.check_invariants().unwrap();
-    assert_eq!(
-        d.pages_unmapped - before.pages_unmapped,
-        LARGE_GROWTH / PAGE,
-        "the hole moved"
-    );
-    assert_eq!(sim.used(), 8 * MIB + LARGE_GROWTH + 64 * MIB);
-    a.free(y).unwrap();
-    a.free(z).unwrap();
-
-    // The same with a memory fraction that leaves less than the headroom: no reclaim.
-    let (sim, a) = setup("cudamem", 64 << 30);
-    a.set_memory_fraction(0.05).unwrap(); // 3.2 GiB
-    let y = large_hole_below_a_live_block(&a);
-    let before = sim.counters();
-    let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap();
-    a.check_invariants().unwrap();
-    assert_eq!(
-        sim.counters().pages_unmapped,
-        before.pages_unmapped,
-        "no reclaim near the limit"
-    );
-    assert_eq!(sim.used(), 2 * LARGE_GROWTH + 8 * MIB + 64 * MIB);
-    a.free(y).unwrap();
-    a.free(z).unwrap();
+    for fraction in [None, Some(0.05)] {
+        let (sim, a) = setup("cudamem", 64 << 30);
+        if let Some(f) = fraction {
+            a.set_memory_fraction(f).unwrap(); // 3.2 GiB: less than the headroom is left
+        }
+        let before = sim.counters();
+        let y = large_hole_below_a_live_block(&a);
+        let d = sim.counters();
+        let pieces = if fraction.is_none() { RECLAIM_CHUNK } else { MAP_CHUNK };
+        assert_eq!(
+            d.maps - before.maps,
+            LARGE_GROWTH / pieces + 1,
+            "{fraction:?}: a large growth in pieces, a small one whole"
+        );
+        let before = sim.counters();
+        let z = a.malloc(LARGE_GROWTH + 64 * MIB, s).unwrap(); // fits no hole: a large growth
+        let d = sim.counters();
+        a.check_invariants().unwrap();
+        assert_eq!(
+            d.pages_unmapped - before.pages_unmapped,
+            LARGE_GROWTH / PAGE,
+            "{fraction:?}: the hole moved"
+        );
+        assert_eq!(sim.used(), 8 * MIB + LARGE_GROWTH + 64 * MIB, "{fraction:?}");
+        a.free(y).unwrap();
+        a.free(z).unwrap();
+    }
 }
 
 /// While a private pool is being allocated to (a CUDA-graph capture), a large growth of the

@@ -27,6 +27,7 @@ fn oom(tried: u64, free: f64, process: f64, allowed: Option<u64>, allocated: f64
         reserved: allocated + (unallocated * MIB) as u64,
         largest_free_block: 0,
         over_one_exabyte: false,
+        not_moved_during_capture: false,
     }
 }
 

@@ -167,8 +167,8 @@ impl Policy for Outside {
     fn should_split(&self, cfg: &AllocatorConfig, block: &Block, rounded: u64, small_pool: bool) -> bool {
         self.0.should_split(cfg, block, rounded, small_pool)
     }
-    fn reclaim_before_growth(&self, need: u64, plentiful: bool) -> bool {
-        self.0.reclaim_before_growth(need, plentiful)
+    fn reclaim_before_growth(&self, need: u64) -> bool {
+        self.0.reclaim_before_growth(need)
     }
     fn reclaim_chunk(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<u64> {
         self.0.reclaim_chunk(cfg, pool)
@@ -178,6 +178,12 @@ impl Policy for Outside {
     }
     fn whole_growth_headroom(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<f64> {
         self.0.whole_growth_headroom(cfg, pool)
+    }
+    fn page_mapping_headroom(&self, cfg: &AllocatorConfig, pool: PoolId) -> Option<f64> {
+        self.0.page_mapping_headroom(cfg, pool)
+    }
+    fn reclaim_at_limit(&self) -> bool {
+        self.0.reclaim_at_limit()
     }
 }
 

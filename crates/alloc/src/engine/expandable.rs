@@ -13,29 +13,8 @@ impl<S: StatSink> Engine<S> {
     /// The lowest-addressed run of free and unmapped blocks with `size` bytes of room, in a new
     /// expandable segment if none has room (PyTorch `find_expandable_block`).
     pub(super) fn find_expandable_block(&mut self, req: &Request, page_size: u64) -> Result<BlockId, AllocError> {
-        let allocatable = |blocks: &BlockArena, b: Option<BlockId>| b.filter(|&b| blocks[b].is_free());
-        let pool = &self.pools[req.pool.0 as usize];
-        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId::MIN)..) {
-            if stream != req.stream {
-                break;
-            }
-            let mut c = id;
-            if let Some(p) = allocatable(&self.blocks, self.blocks[c].prev) {
-                c = p;
-            }
-            let (mut bytes, mut b) = (0u64, Some(c));
-            while bytes < req.size {
-                match allocatable(&self.blocks, b) {
-                    Some(x) => {
-                        bytes += self.blocks[x].size;
-                        b = self.blocks[x].next;
-                    }
-                    None => break,
-                }
-            }
-            if bytes >= req.size {
-                return Ok(c);
-            }
+        if let Some(c) = self.expandable_run(req) {
+            return Ok(c);
         }
         let total = self.device.total_memory();
         let va = (total + total / 8).div_ceil(page_size) * page_size;
@@ -61,17 +40,74 @@ impl<S: StatSink> Engine<S> {
         Ok(id)
     }
 
+    /// The first block of the lowest-addressed run of free and unmapped blocks of the request's
+    /// pool and stream with room for it, if any.
+    fn expandable_run(&self, req: &Request) -> Option<BlockId> {
+        let allocatable = |blocks: &BlockArena, b: Option<BlockId>| b.filter(|&b| blocks[b].is_free());
+        let pool = &self.pools[req.pool.0 as usize];
+        for &(stream, _, id) in pool.unmapped.range((req.stream, 0, BlockId::MIN)..) {
+            if stream != req.stream {
+                break;
+            }
+            let mut c = id;
+            if let Some(p) = allocatable(&self.blocks, self.blocks[c].prev) {
+                c = p;
+            }
+            let (mut bytes, mut b) = (0u64, Some(c));
+            while bytes < req.size {
+                match allocatable(&self.blocks, b) {
+                    Some(x) => {
+                        bytes += self.blocks[x].size;
+                        b = self.blocks[x].next;
+                    }
+                    None => break,
+                }
+            }
+            if bytes >= req.size {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// The bytes a growth for `req` maps: the unmapped part of the run it extends, in whole
+    /// pages, or the whole request in a new segment.
+    pub(super) fn bytes_to_map(&self, req: &Request, page_size: u64) -> u64 {
+        let Some(c) = self.expandable_run(req) else {
+            return req.size.div_ceil(page_size) * page_size;
+        };
+        let (mut covered, mut to_map, mut b) = (0u64, 0u64, Some(c));
+        while covered < req.size {
+            let Some(x) = b else { break };
+            let blk = &self.blocks[x];
+            let mut take = (req.size - covered).min(blk.size);
+            if !blk.mapped {
+                take = take.div_ceil(page_size) * page_size;
+                to_map += take;
+            }
+            covered += take;
+            b = blk.next;
+        }
+        to_map
+    }
+
     /// Whether memory is plentiful for a growth of `pool` by `size` bytes: the policy's
-    /// `whole_growth_headroom` share of the memory this allocator may use (the memory
-    /// fraction's limit, else the device's) stays unreserved after it (never, without a
-    /// share). Against the memory fraction's limit, this allocator's own count; against the
-    /// device's, what the device object handed out by its own records (else the engine's
-    /// count): no driver query on the allocation path (nor during a capture), and device-wide,
-    /// so that the shards of `sharded:True` decide as one engine would.
+    /// `whole_growth_headroom` share of the memory this allocator may use stays unreserved
+    /// after it (never, without a share). See [`Engine::left_after`].
     pub(super) fn plentiful(&self, pool: PoolId, size: u64) -> bool {
         let Some(share) = self.policy.get().whole_growth_headroom(&self.config, pool) else {
             return false;
         };
+        self.left_after(size) >= share
+    }
+
+    /// The share of the memory this allocator may use (the memory fraction's limit, else the
+    /// device's) that stays unreserved after a growth by `size` bytes. Against the memory
+    /// fraction's limit, this allocator's own count; against the device's, what the device
+    /// object handed out by its own records (else the engine's count): no driver query on the
+    /// allocation path (nor during a capture), and device-wide, so that the shards of
+    /// `sharded:True` decide as one engine would.
+    fn left_after(&self, size: u64) -> f64 {
         // The memory fraction limits this allocator's own memory; the device's, everyone's.
         let (limit, reserved) = match self.allowed_memory_maximum {
             Some(max) => (max, self.total_allocated_memory),
@@ -81,20 +117,26 @@ impl<S: StatSink> Engine<S> {
             ),
         };
         let left = limit.saturating_sub(reserved.saturating_add(size));
-        left as f64 >= share * limit as f64
+        left as f64 / limit.max(1) as f64
     }
 
     /// The largest mapping a growth of `pool` by `size` bytes tries first (`u64::MAX`: one;
-    /// 0: the pool's `map_chunk`). While memory is plentiful a growth is one mapping, except
-    /// one the policy reclaims for: a reclaim unmaps only wholly free mappings, so its holes
-    /// must be pieces (of the policy's `reclaim_chunk`). A whole mapping the device refuses
-    /// falls back to pieces (`Segment::map`).
+    /// 0: the pool's `map_chunk`; 1: one page). While memory is plentiful a growth is one
+    /// mapping, except one the policy reclaims for: a reclaim unmaps only wholly free mappings,
+    /// so its holes must be pieces (of the policy's `reclaim_chunk`). Near the limit (the
+    /// policy's `page_mapping_headroom`) it is mapped page by page, so that the reclaim at the
+    /// limit can take back any free page. A whole mapping the device refuses falls back to
+    /// pieces (`Segment::map`).
     fn growth_mapping_size(&self, pool: PoolId, size: u64) -> u64 {
-        if !self.plentiful(pool, size) {
-            return 0;
-        }
         let policy = self.policy.get();
-        if policy.reclaim_before_growth(size, true) {
+        if !self.plentiful(pool, size) {
+            let tight = policy.page_mapping_headroom(&self.config, pool);
+            return match tight {
+                Some(share) if self.left_after(size) < share => 1,
+                _ => 0,
+            };
+        }
+        if policy.reclaim_before_growth(size) {
             return policy.reclaim_chunk(&self.config, pool).unwrap_or(0);
         }
         u64::MAX
@@ -169,11 +211,19 @@ impl<S: StatSink> Engine<S> {
 
     /// Unmaps the whole free pages of a free, mapped expandable block (PyTorch `unmap_block`).
     pub(super) fn unmap_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let (addr, size) = (self.blocks[id].addr, self.blocks[id].size);
+        self.unmap_block_range(id, addr, size)
+    }
+
+    /// Unmaps the mappings lying wholly inside `[lo, lo+len)`, a part of the free, mapped
+    /// expandable block `id`; the rest of the block stays mapped and free.
+    pub(super) fn unmap_block_range(&mut self, id: BlockId, lo: u64, len: u64) -> Result<(), AllocError> {
         let (seg, addr, size, stream, pool) = {
             let b = &self.blocks[id];
             (b.segment, b.addr, b.size, b.stream, b.pool)
         };
-        let (uptr, usize_) = self.segments[seg].unmap(&*self.device, addr, size)?;
+        debug_assert!(lo >= addr && lo + len <= addr + size);
+        let (uptr, usize_) = self.segments[seg].unmap(&*self.device, lo, len)?;
         if usize_ == 0 {
             return Ok(());
         }
@@ -217,26 +267,6 @@ impl<S: StatSink> Engine<S> {
         self.stat_down(Array::ReservedBytes, small, usize_);
         self.stats.num_device_free += 1;
         self.trace(Action::SegmentUnmap, uptr, usize_, stream, self.current_stack);
-        Ok(())
-    }
-
-    /// The policy's `reclaim_before_growth`: when growing by `need` bytes would pass the
-    /// high-water mark, unmaps whole free pages of the pool's expandable segments, largest free
-    /// blocks first, until the growth fits under the mark (or nothing is left to unmap). Blocks
-    /// keep their addresses; only their backing goes.
-    pub(super) fn reclaim_free_pages(&mut self, pool: PoolId, need: u64) -> Result<(), AllocError> {
-        let g = self.device.granularity();
-        let mut cursor: Option<crate::block::SizeKey> = None;
-        while self.total_allocated_memory + need > self.reclaim_watermark {
-            // Walk the free set from the largest key down; unmapping changes the set, so look
-            // the next key up below the last one instead of holding an iterator.
-            let set = &self.pools[pool.0 as usize].blocks;
-            let Some(key) = set.prev_key(cursor) else { break };
-            cursor = Some(key);
-            if key.1 >= g && self.blocks[key.3].expandable {
-                self.unmap_block(key.3)?;
-            }
-        }
         Ok(())
     }
 

@@ -42,6 +42,7 @@ impl<S: StatSink> Engine<S> {
             reserved: self.stats().reserved_bytes.all().current as u64,
             largest_free_block: self.largest_free_block(),
             over_one_exabyte: over,
+            not_moved_during_capture: self.private.active > 0 && self.policy.get().reclaim_at_limit(),
         }))
     }
 
@@ -56,22 +57,22 @@ impl<S: StatSink> Engine<S> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        // Near the limit, make room before a growth that would be refused, rather than after
+        // mapping part of it: the device refuses a mapping only once it is out of memory.
+        if self.private.active == 0 && self.policy.get().reclaim_at_limit() && !self.plentiful(req.pool, req.alloc_size)
+        {
+            self.reclaim_at_limit(req)?;
+        }
         if let Some(max) = self.allowed_memory_maximum {
             if self.total_allocated_memory.saturating_add(req.alloc_size) > max {
                 return Ok(None);
             }
         }
-        let page_size = match self.private.is_private(req.pool) {
-            false => self.policy.expandable_page_size(&self.config, req.pool),
-            // Private pools take whole segments, as PyTorch's do; tags' pools map pages.
-            true => self.tag_page_size(req.pool),
-        };
-        if let Some(page_size) = page_size {
+        if let Some(page_size) = self.growth_page_size(req.pool) {
             let need = req.size.div_ceil(page_size) * page_size;
-            let plentiful = self.plentiful(req.pool, need);
             // Never while a private pool is being allocated to (a CUDA-graph capture): an unmap
             // waits for its stream, which a capture forbids.
-            if self.private.active == 0 && self.policy.get().reclaim_before_growth(need, plentiful) {
+            if self.private.active == 0 && self.policy.get().reclaim_before_growth(need) {
                 self.reclaim_free_pages(req.pool, need)?;
             }
             return self.try_allocate_expandable_block(req, page_size);
@@ -105,6 +106,15 @@ impl<S: StatSink> Engine<S> {
         self.stats.num_device_alloc += 1;
         self.trace(Action::SegmentAlloc, ptr, size, req.stream, self.current_stack);
         Ok(Some(id))
+    }
+
+    /// The page size a growth of `pool` maps, `None` when it takes whole segments.
+    pub(super) fn growth_page_size(&self, pool: PoolId) -> Option<u64> {
+        match self.private.is_private(pool) {
+            false => self.policy.expandable_page_size(&self.config, pool),
+            // Private pools take whole segments, as PyTorch's do; tags' pools map pages.
+            true => self.tag_page_size(pool),
+        }
     }
 
     pub(super) fn new_block(

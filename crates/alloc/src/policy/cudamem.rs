@@ -15,15 +15,27 @@
 //!    page, PyTorch's retry path unmaps every wholly free page and maps the request again — with
 //!    2 MiB pages that frees far more than 20 MiB pages do, so a job fits a smaller GPU.
 //!
-//! `cudamem` (the default) maps a growth as one allocation while memory is plentiful
-//! ([`WHOLE_GROWTH_HEADROOM`]) and in allocations of up to 16 MiB ([`MAP_CHUNK`]) near the limit.
-//! While memory is plentiful, a growth of at least [`LARGE_GROWTH`] is mapped in
-//! [`RECLAIM_CHUNK`] pieces, and if it would take the reserved total past the most this
-//! allocator ever held, the wholly free mappings inside holes are unmapped first, as
-//! `cudamem-compact16` does for every growth: the few large
-//! temporaries that make a training step's holes (a language model's logits) move their
-//! memory once, in the first step, and later steps find it where they need it. After warm-up
-//! it maps and unmaps nothing, so a training loop pays no steady-state cost.
+//! `cudamem` (the default) behaves by how near the limit memory is (the device's memory, or
+//! the memory fraction's limit):
+//! * **Plentiful** ([`WHOLE_GROWTH_HEADROOM`]): a growth is one device mapping.
+//! * **Nearer the limit**: growths are mapped in [`MAP_CHUNK`] pieces, and page by page once
+//!   less than [`PAGE_MAPPING_HEADROOM`] of the memory stays unreserved, so that any free page a
+//!   growth leaves in a hole can later go back on its own.
+//! * **Large growths** (at least [`LARGE_GROWTH`]), at any distance from the limit, are mapped
+//!   in pieces (of [`RECLAIM_CHUNK`] while memory is plentiful), and if one would take the
+//!   reserved total past the most this allocator ever held, the wholly free mappings inside
+//!   holes are unmapped first, as `cudamem-compact16` does for every growth: the few large
+//!   temporaries that make a training step's holes (a language model's logits) move their
+//!   memory once, in the first step, and later steps find it where they need it.
+//! * **At the limit** (a growth the device or the memory fraction refuses): the free mappings
+//!   inside holes are unmapped, only as many bytes as the request lacks, and the request is
+//!   mapped again, before PyTorch's ladder (which synchronises and releases the whole cache).
+//!   This is `cudamem-compact`'s reclaim, done only when memory has run out, so it is where
+//!   `cudamem fit` finds its smallest GPU.
+//!
+//! While memory is plentiful it therefore maps and unmaps nothing after warm-up, so a training
+//! loop pays no steady-state cost; near the limit its first iteration makes more, smaller
+//! mappings, and a pass at the limit moves pages instead of releasing the cache.
 //!
 //! `cudamem-compact` adds **reclaim at the high-water mark**: before mapping new pages, if the
 //! growth would take the reserved total above the most this allocator ever held, the whole free
@@ -74,11 +86,11 @@ pub const MAP_CHUNK: u64 = 16 << 20;
 pub const WHOLE_GROWTH_HEADROOM: f64 = 0.9;
 
 /// `cudamem` reclaims free mappings at the high-water mark before a growth of at least this
-/// many bytes while memory is plentiful, and maps such a growth in [`RECLAIM_CHUNK`] pieces. A large growth is the one whose
-/// excess a reclaim removes at a price of a few driver calls per hundreds of MiB, once, in the
-/// first iteration of a loop; smaller growths recur where a layout drifts (variable lengths),
-/// and reclaiming for them remaps in every iteration. The rule: the smallest power of two at
-/// which no shared or recorded trace's warm pass makes a driver call.
+/// many bytes, and maps such a growth in pieces. A large growth is the one whose excess a
+/// reclaim removes at a price of a few driver calls per hundreds of MiB, once, in the first
+/// iteration of a loop; smaller growths recur where a layout drifts (variable lengths), and
+/// reclaiming for them remaps in every iteration. The rule: the smallest power of two at which
+/// no shared or recorded trace's warm pass makes a driver call.
 pub const LARGE_GROWTH: u64 = 512 << 20;
 
 /// `cudamem` maps a [`LARGE_GROWTH`] in mappings of this many bytes while memory is plentiful
@@ -86,6 +98,15 @@ pub const LARGE_GROWTH: u64 = 512 << 20;
 /// less that a reclaim can unmap. The rule: the largest power of two with which gpt2_train,
 /// the shared trace whose excess the reclaim removes, stays within 3% of its peak requested.
 pub const RECLAIM_CHUNK: u64 = 64 << 20;
+
+/// `cudamem` maps a growth one page per mapping while less than this share of the memory it
+/// may use stays unreserved after it (in [`MAP_CHUNK`] pieces above it). The driver gives back
+/// a mapping only whole, so a hole that keeps part of a larger mapping keeps all of it when a
+/// request at the limit needs the memory; holes that matter at the limit can have been mapped
+/// long before it. Pages cost a driver call each, so the share is no higher than needed. The
+/// rule: the lowest tenth with which every trace of `tests/data` fits (`cudamem fit`) within 3%
+/// of its peak requested.
+pub const PAGE_MAPPING_HEADROOM: f64 = 0.8;
 
 /// Whether, and for which growths, a `cudamem` policy reclaims free memory at the high-water
 /// mark.
@@ -139,10 +160,9 @@ impl Policy for CudamemPolicy {
     fn should_split(&self, _cfg: &AllocatorConfig, block: &Block, rounded: u64, _small: bool) -> bool {
         block.size - rounded >= super::pytorch::MIN_BLOCK_SIZE
     }
-    fn reclaim_before_growth(&self, need: u64, plentiful: bool) -> bool {
+    fn reclaim_before_growth(&self, need: u64) -> bool {
         match self.reclaim {
-            // Near the limit the out-of-memory retry gives memory back instead.
-            Reclaim::LargeGrowths => plentiful && need >= LARGE_GROWTH,
+            Reclaim::LargeGrowths => need >= LARGE_GROWTH,
             Reclaim::Pages | Reclaim::Chunks => true,
         }
     }
@@ -157,6 +177,12 @@ impl Policy for CudamemPolicy {
     fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
         // A growth mapped whole could be reclaimed only whole: the compact policies cut it.
         (self.reclaim == Reclaim::LargeGrowths).then_some(WHOLE_GROWTH_HEADROOM)
+    }
+    fn page_mapping_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
+        (self.reclaim == Reclaim::LargeGrowths).then_some(PAGE_MAPPING_HEADROOM)
+    }
+    fn reclaim_at_limit(&self) -> bool {
+        self.reclaim == Reclaim::LargeGrowths
     }
 
     fn builtin(&self, _: super::sealed::Token) -> Option<super::Builtin> {

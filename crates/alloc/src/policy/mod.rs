@@ -22,7 +22,9 @@ pub mod registry;
 
 use std::fmt;
 
-pub use cudamem::{CudamemPolicy, Reclaim, LARGE_GROWTH, MAP_CHUNK, PAGE, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM};
+pub use cudamem::{
+    CudamemPolicy, Reclaim, LARGE_GROWTH, MAP_CHUNK, PAGE, PAGE_MAPPING_HEADROOM, RECLAIM_CHUNK, WHOLE_GROWTH_HEADROOM,
+};
 pub use pytorch::PytorchPolicy;
 pub use registry::{by_name, PolicyEntry, POLICY_NAMES, REGISTRY};
 
@@ -65,10 +67,9 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// Whether, before mapping `need` new bytes that would take the reserved total past the
     /// most it ever was, the engine unmaps the wholly free mappings that lie in holes of the
     /// pool's expandable segments, so that growth reuses physical memory instead of adding to
-    /// it. `plentiful`: the [`Policy::whole_growth_headroom`] share of memory stays unreserved
-    /// after the growth. A growth this returns true for is mapped in pieces, never as one
-    /// mapping, so that what it leaves free can be reclaimed in turn.
-    fn reclaim_before_growth(&self, _need: u64, _plentiful: bool) -> bool {
+    /// it. A growth this returns true for is mapped in pieces, never as one mapping, so that
+    /// what it leaves free can be reclaimed in turn.
+    fn reclaim_before_growth(&self, _need: u64) -> bool {
         false
     }
     /// The most bytes one mapping of a growth that [`Policy::reclaim_before_growth`] is true for
@@ -92,6 +93,21 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// the out-of-memory retry can give back. `None`: always `map_chunk`.
     fn whole_growth_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
         None
+    }
+    /// For an expandable pool with a `map_chunk`: while less than this share of the memory the
+    /// allocator may use stays unreserved after a growth, the growth is mapped one page per
+    /// mapping, so that every free page it leaves can later be unmapped on its own
+    /// ([`Policy::reclaim_at_limit`]). `None`: never below `map_chunk`.
+    fn page_mapping_headroom(&self, _cfg: &AllocatorConfig, _pool: PoolId) -> Option<f64> {
+        None
+    }
+    /// Whether, when the device or the memory fraction refuses a growth, the engine first
+    /// unmaps the wholly free mappings inside the free blocks of the default pools (largest
+    /// first, only as much as the request lacks) and grows again, before PyTorch's ladder
+    /// (release the oversize cached blocks, then synchronise and release the whole cache).
+    /// Never while a private pool is being allocated to (a CUDA-graph capture).
+    fn reclaim_at_limit(&self) -> bool {
+        false
     }
 
     /// Whether this policy decides exactly as PyTorch's native allocator under the same
