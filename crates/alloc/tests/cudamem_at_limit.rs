@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cudamem_alloc::engine::MempoolId;
+use cudamem_alloc::MempoolId;
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::{Device, StreamId};
