@@ -33,8 +33,10 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod entry;
 mod estimate;
 pub mod ffi;
+pub mod guard;
 pub mod history;
 pub mod ipc;
 pub mod native;
@@ -96,10 +98,10 @@ pub(crate) fn reg_err(py: Python<'_>, e: RegistryError) -> PyErr {
     }
 }
 
-fn ffi_err(py: Python<'_>, e: ffi::CError) -> PyErr {
+fn ffi_err(py: Python<'_>, e: guard::CError) -> PyErr {
     match e.kind {
-        ffi::ERR_OOM => oom_error(py, e.message),
-        ffi::ERR_INVALID => PyValueError::new_err(e.message),
+        guard::ERR_OOM => oom_error(py, e.message),
+        guard::ERR_INVALID => PyValueError::new_err(e.message),
         _ => PyRuntimeError::new_err(e.message),
     }
 }
@@ -145,7 +147,7 @@ fn malloc(py: Python<'_>, size: &Bound<'_, PyAny>, device: i32, stream: Option<&
         Some(s) => arg_u64(s, "stream")?,
         None => 0,
     };
-    let a = allocator(py, device)?;
+    allocator(py, device)?;
     // With history and stacks on (after allocator(): a new one gets the setting of
     // device=None), the caller's Python stack, gathered with the GIL this call holds.
     let frames = if history::stack_mode(device) != history::STACKS_NONE {
@@ -153,11 +155,9 @@ fn malloc(py: Python<'_>, size: &Bound<'_, PyAny>, device: i32, stream: Option<&
     } else {
         None
     };
-    py.allow_threads(|| match frames {
-        Some(f) => a.malloc_with_stack(size, StreamId(stream), f),
-        None => a.malloc(size, StreamId(stream)),
-    })
-    .map_err(|e| alloc_err(py, e))
+    let stack = entry::StackSource::Given(frames);
+    py.allow_threads(|| entry::malloc(device, size, StreamId(stream), None, stack, None))
+        .map_err(|e| ffi_err(py, e))
 }
 
 /// Frees an address returned by `malloc` on `device`.
@@ -171,7 +171,9 @@ fn free(py: Python<'_>, ptr: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
     } else {
         None
     };
-    py.allow_threads(|| ffi::free_checked(ptr, device, frames))
+    let stack = entry::StackSource::Given(frames);
+    py.allow_threads(|| entry::free(ptr, entry::Owner::Device(device), stack, None))
+        .map(|_| ())
         .map_err(|e| ffi_err(py, e))
 }
 
@@ -185,7 +187,7 @@ fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAn
     match registry::get(device) {
         Some(a) => a
             .record_stream(ptr, StreamId(stream))
-            .map_err(|e| alloc_err(py, ffi::on_device(e, device))),
+            .map_err(|e| alloc_err(py, entry::on_device(e, device))),
         None => Err(PyValueError::new_err(format!(
             "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
         ))),
@@ -277,7 +279,7 @@ fn _set_error_thrower(address: u64) {
 /// The calling thread's last C-ABI error: (kind, message).
 #[pyfunction]
 fn last_error() -> (i32, String) {
-    ffi::last_error()
+    guard::last_error()
 }
 
 /// How many frees through the C ABI named a pointer cudamem did not hand out.
@@ -439,11 +441,11 @@ fn _at_exit() {
 fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_DEVICES", registry::MAX_DEVICES)?;
-    m.add("ERR_NONE", ffi::ERR_NONE)?;
-    m.add("ERR_OOM", ffi::ERR_OOM)?;
-    m.add("ERR_INVALID", ffi::ERR_INVALID)?;
-    m.add("ERR_DEVICE", ffi::ERR_DEVICE)?;
-    m.add("ERR_INTERNAL", ffi::ERR_INTERNAL)?;
+    m.add("ERR_NONE", guard::ERR_NONE)?;
+    m.add("ERR_OOM", guard::ERR_OOM)?;
+    m.add("ERR_INVALID", guard::ERR_INVALID)?;
+    m.add("ERR_DEVICE", guard::ERR_DEVICE)?;
+    m.add("ERR_INTERNAL", guard::ERR_INTERNAL)?;
     m.add("MODE_RETURN_NULL", ffi::MODE_RETURN_NULL)?;
     m.add("MODE_THROW", ffi::MODE_THROW)?;
     m.add("MODE_ABORT", ffi::MODE_ABORT)?;

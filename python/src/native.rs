@@ -8,21 +8,22 @@
 //! checked by the C++ side together with its size), so a library built for another version
 //! is refused instead of called wrongly.
 //!
-//! Rules, as for [`crate::ffi`]: no panic crosses the boundary (each body runs in
-//! `catch_unwind`); a failure returns an error kind (`ffi::ERR_*`, 0 for success) and leaves
-//! its message as the thread's last error (`cudamem_last_error`), which the C++ side turns
-//! into `c10::OutOfMemoryError` or `c10::Error`. Pool ids are PyTorch's `MempoolId_t` halves.
+//! Rules, as for [`crate::ffi`]: no panic crosses the boundary (each body runs under the panic
+//! guard of [`crate::guard`]); a failure returns an error kind (`ERR_*`, 0 for success) and
+//! leaves its message as the thread's last error (`cudamem_last_error`), which the C++ side
+//! turns into `c10::OutOfMemoryError` or `c10::Error`. Allocation and free are the bodies of
+//! [`crate::entry`], shared with the pluggable path and the Python functions. Pool ids are PyTorch's `MempoolId_t` halves.
 //! A private pool's slot is what `pool_begin` returns; the C++ side, which owns PyTorch's
 //! stream filters, passes it with every allocation the filter sends to that pool (−1: none).
 
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudamem_alloc::engine::PoolSlot;
-use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats, RecordContext};
+use cudamem_alloc::{DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 
-use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
+use crate::entry::{self, alloc, Owner, StackSource, Usage};
+use crate::guard::{fail, run, CError, ERR_NONE};
 use crate::history;
 use crate::ipc;
 use crate::native_pools;
@@ -45,7 +46,8 @@ pub struct NativeApi {
     pub version: u32,
     pub size: u32,
     /// `(device, size, stream, slot, info[3]) -> ptr`; info: block size, then allocated and
-    /// reserved bytes when `info[0]` was nonzero on entry (the profiler wants them).
+    /// reserved bytes, read only when `info[0]` was nonzero on entry (the profiler wants them;
+    /// otherwise zeros).
     pub malloc: unsafe extern "C-unwind" fn(c_int, usize, *mut c_void, c_int, *mut u64) -> *mut c_void,
     /// `(ptr, info[4]) -> kind`; info as for `malloc` (block size freed), then the device.
     pub free: unsafe extern "C-unwind" fn(*mut c_void, *mut u64) -> c_int,
@@ -165,41 +167,6 @@ pub extern "C" fn cudamem_native_api() -> *const NativeApi {
     &API
 }
 
-/// Runs `f` under `catch_unwind`; an error or a panic becomes the thread's last error and its
-/// kind is returned.
-pub(crate) fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
-    let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => Err(ffi::CError {
-            kind: ERR_INTERNAL,
-            message: format!("cudamem: internal error in {what}"),
-        }),
-    };
-    match r {
-        Ok(()) => ERR_NONE,
-        Err(e) => {
-            ffi::set_last_error(e.kind, &e.message);
-            e.kind
-        }
-    }
-}
-
-pub(crate) fn alloc(device: c_int) -> Result<&'static CachingAllocator, ffi::CError> {
-    Ok(registry::get_or_create(device)?)
-}
-
-pub(crate) fn aerr(e: AllocError) -> ffi::CError {
-    ffi::alloc_error(&e)
-}
-
-/// The allocator that handed out `ptr`.
-pub(crate) fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
-    if let Some(one) = registry::sole() {
-        return Some(one); // its free says whether the pointer is its own
-    }
-    registry::existing().find(|(_, a)| a.lock().owns(ptr))
-}
-
 unsafe extern "C-unwind" fn nat_malloc(
     device: c_int,
     size: usize,
@@ -208,85 +175,49 @@ unsafe extern "C-unwind" fn nat_malloc(
     info: *mut u64,
 ) -> *mut c_void {
     // SAFETY (all of `info` here): the caller passes 3 writable u64.
-    let want_totals = unsafe { *info } != 0;
-    let a = match alloc(device) {
-        Ok(a) => a,
-        Err(e) => {
-            ffi::set_last_error(e.kind, &e.message);
-            return std::ptr::null_mut();
-        }
-    };
-    // Outside catch_unwind and before locking: see ffi::frames_for.
-    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALLOC);
-    let mut out = [0u64; 3];
-    let mut ptr = 0u64;
-    let kind = run("malloc", || {
-        let mut e = a.lock();
-        let with_stack = frames.is_some();
-        if let Some(f) = frames {
-            e.set_current_stack(Some(f));
-        }
-        let stream = StreamId(stream as u64);
-        let r = if slot >= 0 {
-            e.malloc_in_pool(size as u64, stream, PoolSlot(slot as u16))
-        } else {
-            e.malloc(size as u64, stream)
-        };
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        ptr = r.map_err(aerr)?;
-        out[0] = e.allocation_size(ptr).unwrap_or(0);
-        if want_totals {
-            (out[1], out[2]) = e.allocated_and_reserved();
-        }
-        Ok(())
-    });
+    let profiling = unsafe { *info } != 0;
+    let mut usage = Usage::default();
+    let slot = u16::try_from(slot).ok().map(PoolSlot);
+    let r = entry::malloc(
+        device,
+        size as u64,
+        StreamId(stream as u64),
+        slot,
+        StackSource::Gather,
+        profiling.then_some(&mut usage),
+    );
+    let out = [usage.block, usage.allocated, usage.reserved];
     unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 3) };
-    if kind != ERR_NONE {
-        return std::ptr::null_mut();
+    match r {
+        Ok(p) => p as *mut c_void,
+        Err(e) => {
+            fail(&e);
+            std::ptr::null_mut()
+        }
     }
-    ptr as *mut c_void
 }
 
 unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int {
     // SAFETY (all of `info` here): the caller passes 4 writable u64.
-    let want_totals = unsafe { *info } != 0;
-    let ptr = ptr as u64;
-    let Some((device, a)) = owner_of(ptr) else {
-        ffi::set_last_error(
-            ERR_INVALID,
-            &format!("invalid device pointer: {ptr:#x} (no allocator exists)"),
-        );
-        return ERR_INVALID;
-    };
-    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALL);
-    let mut out = [0u64, 0, 0, device as u64];
-    let kind = run("free", || {
-        let mut e = a.lock();
-        if want_totals {
-            out[0] = e.allocation_size(ptr).unwrap_or(0); // the profiler's delta
-        }
-        let with_stack = frames.is_some();
-        if let Some(f) = frames {
-            e.set_current_stack(Some(f));
-        }
-        let r = e.free(ptr);
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        r.map_err(aerr)?;
-        if want_totals {
-            (out[1], out[2]) = e.allocated_and_reserved();
-        }
-        Ok(())
-    });
+    let profiling = unsafe { *info } != 0;
+    let mut usage = Usage::default();
+    let r = entry::free(
+        ptr as u64,
+        Owner::Find,
+        StackSource::Gather,
+        profiling.then_some(&mut usage),
+    );
+    let device = *r.as_ref().unwrap_or(&0);
+    let out = [usage.block, usage.allocated, usage.reserved, device as u64];
     unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 4) };
-    kind
+    match r {
+        Ok(_) => ERR_NONE,
+        Err(e) => fail(&e),
+    }
 }
 
 extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
-    run("record_stream", || ffi::record_stream_any(ptr as u64, stream as u64))
+    run("record_stream", || entry::record_stream_any(ptr as u64, stream as u64))
 }
 
 extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
@@ -294,9 +225,9 @@ extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
         for (_, a) in registry::existing() {
             let mut e = a.lock();
             if (pa, pb) == (0, 0) {
-                e.empty_cache().map_err(aerr)?;
+                e.empty_cache().map_err(CError::from)?;
             } else if e.pool_use_count((pa, pb)).is_some() {
-                e.empty_pool_cache((pa, pb)).map_err(aerr)?;
+                e.empty_pool_cache((pa, pb)).map_err(CError::from)?;
             }
         }
         Ok(())
@@ -342,10 +273,9 @@ pub fn flatten_stats(s: &DeviceStats) -> Vec<i64> {
 unsafe extern "C" fn nat_stats(device: c_int, out: *mut i64, len: usize) -> c_int {
     run("stats", || {
         if len != STATS_LEN {
-            return Err(ffi::CError {
-                kind: ERR_INVALID,
-                message: format!("cudamem: stats wants {STATS_LEN} values, the caller has {len}"),
-            });
+            return Err(CError::invalid(format!(
+                "cudamem: stats wants {STATS_LEN} values, the caller has {len}"
+            )));
         }
         registry::slot_index(device)?;
         // A device nothing was allocated on has zero stats (asking must not open it).
@@ -371,7 +301,7 @@ extern "C" fn nat_reset_accumulated(device: c_int) {
 
 extern "C" fn nat_set_fraction(device: c_int, fraction: c_double) -> c_int {
     run("set_memory_fraction", || {
-        alloc(device)?.set_memory_fraction(fraction).map_err(aerr)
+        alloc(device)?.set_memory_fraction(fraction).map_err(CError::from)
     })
 }
 
@@ -387,17 +317,17 @@ unsafe extern "C" fn nat_base_allocation(ptr: *mut c_void, size: *mut u64) -> *m
     let mut base = 0u64;
     let kind = run("get_base_allocation", || {
         for (_, a) in registry::existing() {
-            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(aerr)? {
+            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(CError::from)? {
                 base = b;
                 // SAFETY: the caller passes a writable u64.
                 unsafe { *size = s };
                 return Ok(());
             }
         }
-        Err(ffi::CError {
-            kind: ERR_INVALID,
-            message: format!("invalid device pointer: {:#x} (not in any cudamem segment)", ptr as u64),
-        })
+        Err(CError::invalid(format!(
+            "invalid device pointer: {:#x} (not in any cudamem segment)",
+            ptr as u64
+        )))
     });
     if kind != ERR_NONE {
         return std::ptr::null_mut();
@@ -431,10 +361,9 @@ extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u6
             2 => RecordContext::Alloc,
             3 => RecordContext::All,
             other => {
-                return Err(ffi::CError {
-                    kind: ERR_INVALID,
-                    message: format!("cudamem: unknown record context {other} (c10's RecordContext is 0..3)"),
-                })
+                return Err(CError::invalid(format!(
+                    "cudamem: unknown record context {other} (c10's RecordContext is 0..3)"
+                )))
             }
         };
         let s = history::HistorySettings {

@@ -6,8 +6,8 @@
 
 use std::ffi::{c_int, c_void};
 
+use crate::guard::run;
 use crate::history;
-use crate::native::run;
 
 /// One segment of a snapshot, as c10's `SegmentInfo` wants it.
 #[repr(C)]

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use cudamem_device::ipc::{ExportedMapping, ImportedPart, IPC_HANDLE_SIZE};
 use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
 
-use crate::native::{aerr, alloc, run};
+use crate::entry::alloc;
+use crate::guard::{run, CError};
 
 /// `(ctx, size, device) -> ptr` (NULL: out of memory).
 pub type AllocFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
@@ -168,7 +169,7 @@ pub(crate) unsafe extern "C" fn nat_pool_create_with(
         owner
             .lock()
             .create_or_incref_pool_with((a, b), Some(segments))
-            .map_err(aerr)?;
+            .map_err(CError::from)?;
         Ok(())
     })
 }

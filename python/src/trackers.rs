@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cudamem_alloc::engine::TraceEvent;
 use cudamem_alloc::history::Action;
 
-use crate::native::run;
+use crate::guard::run;
 use crate::registry;
 
 /// `(ctx, device, action, addr, size, stream)`; `action` is c10's `TraceEntry::Action`.
