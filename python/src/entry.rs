@@ -24,7 +24,8 @@ use cudamem_alloc::{AllocError, CachingAllocator, Frame};
 use cudamem_device::StreamId;
 
 use crate::guard::{alloc_error, guarded, CError};
-use crate::history::{self, STACKS_ALL, STACKS_ALLOC};
+use crate::history;
+use crate::recording::{self, STACKS_ALL, STACKS_ALLOC};
 use crate::registry;
 
 /// Where the stack recorded in the memory history for an allocation or a free comes from.
@@ -65,7 +66,7 @@ pub struct Usage {
 /// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
 pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
     match stack {
-        StackSource::Gather if history::stack_mode(device) >= mode => history::gather_python_frames(),
+        StackSource::Gather if recording::stack_mode(device) >= mode => history::gather_python_frames(),
         StackSource::Gather => None,
         StackSource::Given(f) => f,
     }

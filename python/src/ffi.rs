@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 
 use cudamem_device::StreamId;
 
+use crate::abi;
 use crate::entry::{self, Owner, StackSource};
 use crate::guard::{alloc_error, guarded, last_error, set_last_error, CError, ERR_INVALID};
 use crate::registry;
@@ -318,3 +319,10 @@ pub extern "C" fn cudamem_unknown_frees() -> u64 {
 pub fn error_mode() -> c_int {
     ERROR_MODE.load(Ordering::Relaxed)
 }
+
+// The exported functions the C++ side calls through pointers have the types it declares
+// (`crate::abi`, generated into the C++ header).
+const _: abi::MallocOrErrorFn = cudamem_malloc_or_error;
+const _: abi::PluggableFreeFn = cudamem_free;
+const _: abi::LastErrorFn = cudamem_last_error;
+const _: abi::LastErrorKindFn = cudamem_last_error_kind;

@@ -18,16 +18,7 @@ use cudamem_alloc::AllocError;
 
 use crate::registry::RegistryError;
 
-/// No error.
-pub const ERR_NONE: c_int = 0;
-/// Out of memory (PyTorch's message, plus cudamem's diagnosis).
-pub const ERR_OOM: c_int = 1;
-/// A bad argument or setting: unknown device ordinal, bad configuration string or policy.
-pub const ERR_INVALID: c_int = 2;
-/// The device failed (no driver, a CUDA error other than out-of-memory).
-pub const ERR_DEVICE: c_int = 3;
-/// A bug in cudamem (a caught panic).
-pub const ERR_INTERNAL: c_int = 4;
+pub use crate::abi::{ERR_DEVICE, ERR_INTERNAL, ERR_INVALID, ERR_NONE, ERR_OOM};
 
 thread_local! {
     static LAST_ERROR: RefCell<(c_int, String)> = const { RefCell::new((ERR_NONE, String::new())) };

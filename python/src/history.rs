@@ -10,8 +10,8 @@
 //!   `"alloc"` or `"all"`) carries the Python stack of the thread that allocates, innermost frame
 //!   first, as PyTorch's `stacks="python"` does; with context `"all"` frees carry the stack of
 //!   the thread that frees. Whether to gather is one relaxed atomic load per call
-//!   ([`stack_mode`]), so with recording off (or without a context) the allocation path is
-//!   unchanged.
+//!   ([`crate::recording::stack_mode`]), so with recording off (or without a context) the
+//!   allocation path is unchanged.
 //! * **Gathering** ([`gather_python_frames`]) happens *before* the device's allocator is
 //!   locked, never under it, so a thread holding the GIL and waiting for the allocator lock can
 //!   never deadlock with one holding that lock and waiting for the GIL. PyTorch calls the C
@@ -33,104 +33,20 @@
 //!   `pickle.dump` writes each frame once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame, RecordContext};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame};
 use cudamem_trace::{AllocatorSettings, DeviceTrace, Trace};
 
-use crate::registry::{self, MAX_DEVICES};
-
-/// No stacks are gathered on this device.
-pub const STACKS_NONE: u8 = 0;
-/// Allocations carry stacks (context `"state"` or `"alloc"`).
-pub const STACKS_ALLOC: u8 = 1;
-/// Allocations and frees carry stacks (context `"all"`).
-pub const STACKS_ALL: u8 = 2;
+use crate::recording::{self, HistorySettings};
+use crate::registry;
 
 /// The most frames kept of one stack (innermost first); deeper frames are dropped.
 pub const MAX_FRAMES: usize = 256;
-
-static STACK_MODE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(STACKS_NONE) }; MAX_DEVICES];
-static FINALIZING: AtomicBool = AtomicBool::new(false);
-/// Whether each device records its history (with stacks or without).
-static RECORDING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// The setting for allocators created from now on (`device=None`).
-static DEFAULT: Mutex<Option<HistorySettings>> = Mutex::new(None);
-
-/// What `record_memory_history` asked for, in the engine's terms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HistorySettings {
-    /// Recording on.
-    pub enabled: bool,
-    /// Which events carry stacks.
-    pub context: RecordContext,
-    /// Ring size (already forced to 1 unless `enabled == "all"`).
-    pub max_entries: usize,
-}
-
-impl HistorySettings {
-    fn stack_mode(&self) -> u8 {
-        if !self.enabled {
-            return STACKS_NONE;
-        }
-        match self.context {
-            RecordContext::Never => STACKS_NONE,
-            RecordContext::State | RecordContext::Alloc => STACKS_ALLOC,
-            RecordContext::All => STACKS_ALL,
-        }
-    }
-}
-
-/// The stack mode of `device` ([`STACKS_NONE`], [`STACKS_ALLOC`], [`STACKS_ALL`]): one relaxed
-/// atomic load, the only cost of history on the allocation path when recording is off.
-#[inline]
-pub fn stack_mode(device: i32) -> u8 {
-    match usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
-        Some(m) => m.load(Ordering::Relaxed),
-        None => STACKS_NONE,
-    }
-}
-
-/// Whether `device` records its memory history.
-pub fn is_recording(device: i32) -> bool {
-    usize::try_from(device)
-        .ok()
-        .and_then(|i| RECORDING.get(i))
-        .is_some_and(|r| r.load(Ordering::Relaxed))
-}
-
-fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: bool) {
-    if clear && s.enabled {
-        // The engine clears its ring when recording stops.
-        alloc.record_memory_history(false, RecordContext::Never, 1);
-    }
-    alloc.record_memory_history(s.enabled, s.context, s.max_entries);
-    if let Some(r) = usize::try_from(device).ok().and_then(|i| RECORDING.get(i)) {
-        r.store(s.enabled, Ordering::Relaxed);
-    }
-    if let Some(m) = usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
-        let mode = if FINALIZING.load(Ordering::Relaxed) {
-            STACKS_NONE
-        } else {
-            s.stack_mode()
-        };
-        m.store(mode, Ordering::Relaxed);
-    }
-}
-
-/// Called by the registry, under its creation lock, for each new allocator: applies the
-/// setting of the last `record_memory_history(device=None)`.
-pub fn on_new_allocator(device: i32, alloc: &CachingAllocator) {
-    let s = *DEFAULT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = s {
-        apply(device, alloc, s, false);
-    }
-}
 
 /// Applies `s` to `device`'s allocator (created if needed), or with `None` to every allocator,
 /// existing or created later. `clear` empties the ring first (PyTorch's `clear_history`).
@@ -141,31 +57,23 @@ pub fn set_history(device: Option<i32>, s: HistorySettings, clear: bool) -> Resu
     match device {
         Some(d) => {
             let a = registry::get_or_create(d)?;
-            apply(d, a, s, clear);
+            recording::apply(d, a, s, clear);
         }
         None => registry::with_creation_locked(|| {
-            *DEFAULT.lock().unwrap_or_else(|e| e.into_inner()) = if s.enabled { Some(s) } else { None };
+            recording::set_default(if s.enabled { Some(s) } else { None });
             for (d, a) in registry::existing() {
-                apply(d, a, s, clear);
+                recording::apply(d, a, s, clear);
             }
         }),
     }
     Ok(())
 }
 
-/// The interpreter is shutting down (the package's `atexit` hook): gather no more stacks.
-pub fn stop_gathering() {
-    FINALIZING.store(true, Ordering::Relaxed);
-    for m in &STACK_MODE {
-        m.store(STACKS_NONE, Ordering::Relaxed);
-    }
-}
-
 /// The Python stack of the calling thread, innermost frame first, for a call from C (PyTorch's
 /// alloc and free functions) that may or may not hold the GIL. `None` when the thread runs no
 /// Python code (an autograd engine thread), or the interpreter is gone or going.
 pub fn gather_python_frames() -> Option<Vec<Frame>> {
-    if FINALIZING.load(Ordering::Relaxed) {
+    if recording::is_finalizing() {
         return None;
     }
     // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.

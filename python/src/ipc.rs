@@ -183,11 +183,9 @@ use std::ffi::{c_int, c_void};
 
 use cudamem_alloc::AllocError;
 
+use crate::abi::ByteSink;
 use crate::entry::{alloc, owner_of};
 use crate::guard::{run, CError, ERR_INVALID};
-
-/// Receives the bytes of a handle.
-pub type ByteSink = unsafe extern "C" fn(*mut c_void, *const u8, usize);
 
 /// What [`nat_ipc_open`] opened, for [`nat_ipc_close`].
 const OPENED_SEGMENT: c_int = 1;

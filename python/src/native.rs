@@ -22,105 +22,16 @@ use cudamem_alloc::engine::PoolSlot;
 use cudamem_alloc::{DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 
+use crate::abi::{NativeApi, NATIVE_API_VERSION, STATS_LEN};
 use crate::entry::{self, alloc, Owner, StackSource, Usage};
 use crate::guard::{fail, run, CError, ERR_NONE};
 use crate::history;
 use crate::ipc;
 use crate::native_pools;
 use crate::pool_allocator;
+use crate::recording;
 use crate::registry;
 use crate::trackers;
-
-/// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 9;
-
-/// The number of values `stats` writes: c10's `DeviceStats`, in its order.
-pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
-
-/// `(ctx, address, size)`: how a checkpoint restore reports each pointer.
-pub type PtrSink = unsafe extern "C" fn(*mut c_void, u64, u64);
-
-/// The functions the C++ allocator calls. Field order is the C++ struct's order.
-#[repr(C)]
-pub struct NativeApi {
-    pub version: u32,
-    pub size: u32,
-    /// `(device, size, stream, slot, info[3]) -> ptr`; info: block size, then allocated and
-    /// reserved bytes, read only when `info[0]` was nonzero on entry (the profiler wants them;
-    /// otherwise zeros).
-    pub malloc: unsafe extern "C-unwind" fn(c_int, usize, *mut c_void, c_int, *mut u64) -> *mut c_void,
-    /// `(ptr, info[4]) -> kind`; info as for `malloc` (block size freed), then the device.
-    pub free: unsafe extern "C-unwind" fn(*mut c_void, *mut u64) -> c_int,
-    pub record_stream: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-    /// `(pool_a, pool_b) -> kind`: (0, 0) empties every device's default pools.
-    pub empty_cache: extern "C" fn(u64, u64) -> c_int,
-    /// `(device, out, len) -> kind`: [`STATS_LEN`] values.
-    pub stats: unsafe extern "C" fn(c_int, *mut i64, usize) -> c_int,
-    pub reset_peak: extern "C" fn(c_int),
-    pub reset_accumulated: extern "C" fn(c_int),
-    pub set_fraction: extern "C" fn(c_int, c_double) -> c_int,
-    pub get_fraction: extern "C" fn(c_int) -> c_double,
-    pub largest_free: extern "C" fn(c_int) -> u64,
-    /// `(ptr, size_out) -> base`, NULL with an error kind in `size_out`'s place unset.
-    pub base_allocation: unsafe extern "C" fn(*mut c_void, *mut u64) -> *mut c_void,
-    pub pool_create: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// `(device, a, b, slot_out) -> kind`.
-    pub pool_begin: unsafe extern "C" fn(c_int, u64, u64, *mut c_int) -> c_int,
-    pub pool_end: extern "C" fn(c_int, u64, u64) -> c_int,
-    pub pool_release: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// Uses of the pool; 0 for an unknown one (as PyTorch answers).
-    pub pool_use_count: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// `(device, a, b, ptrs, n) -> 1 | 0 | -kind`.
-    pub pool_check_live: unsafe extern "C" fn(c_int, u64, u64, *const u64, usize) -> c_int,
-    pub pool_set_use_on_oom: extern "C" fn(c_int, u64, u64, c_int) -> c_int,
-    /// `(device, a, b) -> checkpoint` (NULL on error); freed with `checkpoint_free`.
-    pub checkpoint_get: extern "C" fn(c_int, u64, u64) -> *mut c_void,
-    pub checkpoint_free: unsafe extern "C" fn(*mut c_void),
-    /// `(device, checkpoint, ctx, on_freed, on_allocated) -> kind`.
-    pub checkpoint_restore: unsafe extern "C" fn(c_int, *const c_void, *mut c_void, PtrSink, PtrSink) -> c_int,
-    /// `(settings) -> kind`: a `PYTORCH_CUDA_ALLOC_CONF`-style string applied to every device.
-    pub set_settings: unsafe extern "C" fn(*const c_char) -> c_int,
-    /// `(device, out[2])`: allocated and reserved bytes.
-    pub totals: unsafe extern "C" fn(c_int, *mut u64),
-    /// `(enabled, context, max_entries, clear) -> kind`: c10's `recordHistory` for every
-    /// device; `context` is c10's `RecordContext` (0 never .. 3 all). Stacks are Python's.
-    pub record_history: extern "C" fn(c_int, c_int, u64, c_int) -> c_int,
-    /// Whether any device records its history.
-    pub history_enabled: extern "C" fn() -> c_int,
-    /// `(ctx, on_segment, on_block) -> kind`: every device's segments, each followed by its
-    /// blocks (c10's `SnapshotInfo.segments`).
-    pub snapshot: unsafe extern "C" fn(*mut c_void, SegmentSink, BlockSink) -> c_int,
-    /// `(ptr, ctx, sink, offset_out) -> kind`: `shareIpcHandle` (see [`crate::ipc`]).
-    pub ipc_share: unsafe extern "C" fn(*mut c_void, *mut c_void, ipc::ByteSink, *mut u64) -> c_int,
-    /// `(device, bytes, len, ptr_out, opened_out) -> kind`: `getIpcDevPtr`.
-    pub ipc_open: unsafe extern "C" fn(c_int, *const u8, usize, *mut u64, *mut c_int) -> c_int,
-    /// `(device, ptr, opened) -> kind`: the deleter of what `ipc_open` returned.
-    pub ipc_close: extern "C" fn(c_int, u64, c_int) -> c_int,
-    /// `(ctx, hook or NULL) -> kind`: every event to the class's trackers and torch history
-    /// (see [`crate::trackers`]).
-    pub set_trace_hook: unsafe extern "C" fn(*mut c_void, Option<trackers::TraceHook>) -> c_int,
-    /// `(device, a, b, ctx, alloc, free, drop) -> kind`: a `MemPool` with an allocator of its own
-    /// (see [`crate::pool_allocator`]).
-    pub pool_create_with: unsafe extern "C" fn(
-        c_int,
-        u64,
-        u64,
-        *mut c_void,
-        pool_allocator::AllocFn,
-        pool_allocator::FreeFn,
-        pool_allocator::DropFn,
-    ) -> c_int,
-    /// `(ptr, out, cap) -> n`: the streams of a block freed during a capture that waits for
-    /// other streams' uses, its allocation stream first (at most `cap` written; `n` is the
-    /// count); -1 for any other pointer or with `graph_capture_record_stream_reuse` off.
-    pub deferred_streams: unsafe extern "C" fn(*mut c_void, *mut u64, usize) -> c_int,
-    /// `(ptr) -> kind`: that block back to its pool now (the capture's graph orders its uses).
-    pub release_deferred: extern "C" fn(*mut c_void) -> c_int,
-    /// `(device, id.0, id.1) -> kind`: the pool never splits a block (`MemPool(no_split=True)`).
-    pub pool_set_no_split: extern "C" fn(c_int, u64, u64) -> c_int,
-}
-
-pub use crate::native_snapshot::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
 
 static API: NativeApi = NativeApi {
     version: NATIVE_API_VERSION,
@@ -166,6 +77,8 @@ static API: NativeApi = NativeApi {
 pub extern "C" fn cudamem_native_api() -> *const NativeApi {
     &API
 }
+
+const _: crate::abi::NativeApiFn = cudamem_native_api;
 
 unsafe extern "C-unwind" fn nat_malloc(
     device: c_int,
@@ -366,7 +279,7 @@ extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u6
                 )))
             }
         };
-        let s = history::HistorySettings {
+        let s = recording::HistorySettings {
             enabled: enabled != 0,
             context,
             max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX).max(1),
@@ -377,7 +290,7 @@ extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u6
 }
 
 extern "C" fn nat_history_enabled() -> c_int {
-    registry::existing().any(|(d, _)| history::is_recording(d)) as c_int
+    registry::existing().any(|(d, _)| recording::is_recording(d)) as c_int
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! # Private pools through the C ABI of the native torch allocator
 //!
-//! The entries of [`crate::native::NativeApi`] for CUDA-graph and `MemPool` pools: create, begin
+//! The entries of [`crate::abi::NativeApi`] for CUDA-graph and `MemPool` pools: create, begin
 //! and end allocating to one, release, use counts, live-allocation checks, `use_on_oom` and
 //! `no_split`, torch.compile's checkpoints, and the blocks freed during a capture that wait for
 //! other streams (`graph_capture_record_stream_reuse`). The rules are [`crate::native`]'s: no
@@ -13,9 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudamem_alloc::engine::PoolCheckpoint;
 
+use crate::abi::PtrSink;
 use crate::entry::alloc;
 use crate::guard::{run, CError, ERR_NONE};
-use crate::native::PtrSink;
 use crate::registry;
 
 pub(crate) unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {

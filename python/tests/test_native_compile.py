@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 CPP = HERE.parent / "cudamem" / "_shim" / "native_allocator.cpp"
 API_H = CPP.parent / "native_api.h"
-RUST = HERE.parent / "src" / "native.rs"
+RUST = HERE.parent / "src" / "abi.rs"
 
 
 def _cpp_fields():
