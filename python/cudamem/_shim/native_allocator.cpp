@@ -4,8 +4,9 @@
 // (alloc, free); torch's CUDA graphs, MemPool, torch.compile's CUDA-graph trees, cuDNN
 // autotuning, the profiler's memory view and every C++ caller of getDeviceStats need the
 // rest of the interface. This file implements it by calling the Rust engine through the
-// function table of python/src/native.rs (`NativeApi`, versioned: the Python side passes its
-// address to cudamem_native_install, which checks version and size before using it).
+// function table of python/src/native.rs (`NativeApi`, declared in cudamem_abi.h, which cbindgen
+// generates from python/src/abi.rs; versioned: the Python side passes its address to
+// cudamem_native_install, which checks version and size before using it).
 //
 // What lives here and not in Rust, and why:
 // * PyTorch's stream filters (std::function) of beginAllocateToPool: each allocation asks
@@ -41,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "native_api.h"
+#include "cudamem_abi.h"
 #include "native_capture.h"
 #include "native_history.h"
 #include "native_ipc.h"
@@ -54,9 +55,11 @@ namespace {
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
 
+using cudamem_abi::NativeApi;
+constexpr int kShimVersion = 1;  // cudamem._torch_native.NATIVE_SHIM_VERSION
+
 const NativeApi* g_api = nullptr;
-using LastErrorFn = int (*)(char*, size_t);
-LastErrorFn g_last_error = nullptr;
+cudamem_abi::LastErrorFn g_last_error = nullptr;
 
 std::string last_error_message(int* kind) {
   char buf[8192];
@@ -74,7 +77,7 @@ void check(int kind) {
     return;
   }
   std::string msg = last_error_message(nullptr);
-  if (kind == kErrOutOfMemory) {
+  if (kind == cudamem_abi::ERR_OOM) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
   }
   TORCH_CHECK(false, msg);
@@ -211,8 +214,8 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   }
 
   CCA::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    int64_t v[kStatsLen];
-    check(g_api->stats(device, v, kStatsLen));
+    int64_t v[cudamem_abi::STATS_LEN];
+    check(g_api->stats(device, v, cudamem_abi::STATS_LEN));
     return cudamem_records::device_stats(v);
   }
 
@@ -523,7 +526,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     if (p == nullptr) {
       int kind = 0;
       std::string msg = last_error_message(&kind);
-      if (kind == kErrOutOfMemory) {
+      if (kind == cudamem_abi::ERR_OOM) {
         out_of_memory(device, size);
         TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
       }
@@ -591,7 +594,7 @@ extern "C" {
 int cudamem_native_install(const void* api, void* last_error, char* msg, size_t len) {
   try {
     auto* a = static_cast<const NativeApi*>(api);
-    if (a == nullptr || a->version != kApiVersion || a->size != sizeof(NativeApi)) {
+    if (a == nullptr || a->version != cudamem_abi::NATIVE_API_VERSION || a->size != sizeof(NativeApi)) {
       write_message(
           "cudamem: the native allocator library does not match the cudamem extension (rebuild it: "
           "remove the cached torch_native-*.so)",
@@ -600,7 +603,7 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
       return 2;
     }
     g_api = a;
-    g_last_error = reinterpret_cast<LastErrorFn>(last_error);
+    g_last_error = reinterpret_cast<cudamem_abi::LastErrorFn>(last_error);
     // Never destroyed, as torch's own allocator is not: static destructors at exit still free
     // tensors through it, and its history holds Python tracebacks that must not be released
     // once the interpreter is gone.

@@ -17,7 +17,7 @@
 // * When the last capture ends the engine records events for the blocks still deferred; this
 //   table forgets them (clear()).
 //
-// Included by native_allocator.cpp only (one translation unit), after native_api.h.
+// Included by native_allocator.cpp only (one translation unit).
 
 #pragma once
 
@@ -30,6 +30,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include "cudamem_abi.h"
 
 namespace cudamem_capture {
 
@@ -77,7 +79,7 @@ class Reuse {
  public:
   // After the engine has freed `ptr` during a capture. Asks the engine whether it deferred the
   // block (it does only with the setting on and other streams' uses) and records its markers.
-  void on_free(void* ptr, const NativeApi* api) {
+  void on_free(void* ptr, const cudamem_abi::NativeApi* api) {
     uint64_t streams[64];
     int n = api->deferred_streams(ptr, streams, 64);
     if (n <= 0) {
@@ -105,7 +107,7 @@ class Reuse {
   }
 
   // Before an allocation on `stream` while a capture is underway.
-  void before_malloc(cudaStream_t stream, const NativeApi* api) {
+  void before_malloc(cudaStream_t stream, const cudamem_abi::NativeApi* api) {
     std::lock_guard<std::mutex> g(mutex_);
     if (deferred_.empty()) {
       return;
