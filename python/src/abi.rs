@@ -147,8 +147,10 @@ pub struct NativeApi {
     /// `(ctx, hook or NULL) -> kind`: every engine event to the class's trackers and torch
     /// history. (The hook's type is spelled out: cbindgen makes a nullable function pointer of
     /// `Option<fn>`, not of `Option<alias>`.)
-    pub set_trace_hook:
-        unsafe extern "C" fn(*mut c_void, Option<unsafe extern "C" fn(*mut c_void, c_int, c_int, u64, u64, u64)>) -> c_int,
+    pub set_trace_hook: unsafe extern "C" fn(
+        *mut c_void,
+        Option<unsafe extern "C" fn(*mut c_void, c_int, c_int, u64, u64, u64)>,
+    ) -> c_int,
     /// `(device, a, b, ctx, alloc, free, drop) -> kind`: a `MemPool` with an allocator of its own.
     pub pool_create_with:
         unsafe extern "C" fn(c_int, u64, u64, *mut c_void, PoolAllocFn, PoolFreeFn, PoolDropFn) -> c_int,

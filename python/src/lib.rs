@@ -52,6 +52,7 @@ mod native_pools;
 mod native_snapshot;
 pub mod pool_allocator;
 mod pyerr;
+mod pyser;
 pub mod recording;
 pub mod registry;
 mod reports;

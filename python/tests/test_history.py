@@ -452,6 +452,36 @@ def test_the_rust_reader_and_writer_round_trip_the_snapshot(dev):
     cudamem.free(ptrs[2], dev)
 
 
+def _allocate_there(dev, size):
+    return cudamem.malloc(size, dev)  # another stack, with the same caller frames
+
+
+def test_the_snapshot_dict_is_the_pickle_writers_schema_with_shared_frames(dev):
+    cudamem.record_memory_history(device=dev)
+    p = _allocate_here(dev, MiB)
+    q = _allocate_there(dev, MiB)
+    cudamem.free(p, dev)
+    cudamem.annotate("mark", device=dev)
+    snap = cudamem.snapshot(dev)
+    written = pickle.loads(_cudamem._snapshot_pickle(dev))  # the one writer's bytes
+    assert list(written) == list(snap)
+    for key in ("segments", "allocator_settings", "external_annotations"):
+        assert written[key] == snap[key], key
+    traces = snap["device_traces"][dev]
+    # The pickle was taken later: one more "snapshot" entry, the rest equal, in the same order.
+    assert written["device_traces"][dev][: len(traces)] == traces
+    assert [list(e) for e in written["device_traces"][dev][: len(traces)]] == [list(e) for e in traces]
+    # One list per stack, one dict per distinct frame, across stacks.
+    alloc_p, alloc_q = _one(traces, "alloc", p), _one(traces, "alloc", q)
+    assert _one(traces, "free_requested", p)["frames"] is not alloc_p["frames"]
+    assert alloc_q["frames"] is _block_at(snap, q)["frames"]
+    assert _names(alloc_p["frames"])[1:2] == ["_allocate_here"] and _names(alloc_q["frames"])[1:2] == ["_allocate_there"]
+    # cudamem.malloc's own frame (innermost) is the same in both stacks: one dict.
+    assert alloc_p["frames"][0] == alloc_q["frames"][0] and alloc_p["frames"][0] is alloc_q["frames"][0]
+    assert alloc_p["frames"][-1] is alloc_q["frames"][-1], "the outermost frame is one dict"
+    cudamem.free(q, dev)
+
+
 def test_annotations(dev):
     cudamem.record_memory_history(device=dev)
     with cudamem.annotate_region("forward", device=dev):
