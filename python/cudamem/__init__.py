@@ -384,8 +384,32 @@ def snapshot(device: Any = None) -> dict:
     ``{"name", "filename", "line"}`` dicts, innermost first; identical stacks share one list.
     While recording, taking a snapshot records a ``snapshot`` entry (as in PyTorch). Times are
     microseconds since the device's allocator was created.
+
+    With cudamem's native allocator class installed (:func:`cudamem.torch.install`), torch's
+    ``torch.cuda.memory._record_memory_history`` records torch's history once, in the class, with
+    torch's frames; while it records and cudamem's own recording is off, this is torch's
+    ``_snapshot()`` (of ``device`` only, when one is given), times in torch's clock.
     """
-    return _cudamem.snapshot(_device_or_all(device))
+    d = _device_or_all(device)
+    torchs = _torch_history_snapshot(d)
+    return torchs if torchs is not None else _cudamem.snapshot(d)
+
+
+def _torch_history_snapshot(device: Optional[int]) -> Optional[dict]:
+    """Torch's snapshot when the native class records torch's history and cudamem's own
+    recording is off (see :func:`snapshot`), else None."""
+    glue = sys.modules.get("cudamem.torch")
+    torch = sys.modules.get("torch")
+    if glue is None or torch is None or glue.install_mode() != "native" or _cudamem._recording():
+        return None
+    if not torch._C._cuda_isHistoryEnabled():
+        return None
+    snap = torch.cuda.memory._snapshot()
+    if device is not None:
+        snap["segments"] = [s for s in snap["segments"] if s.get("device") == device]
+        snap["device_traces"] = [t if i == device else [] for i, t in enumerate(snap["device_traces"])]
+        snap["external_annotations"] = [a for a in snap.get("external_annotations", []) if a.get("device") == device]
+    return snap
 
 
 def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle", device: Any = None) -> None:

@@ -220,8 +220,9 @@ def install(
         record_history: start recording the memory history now, on every device: ``True``
             for the defaults (every event, stacks on allocations and frees), or a dict of
             arguments (``{"max_entries": 100000}``): torch's
-            ``torch.cuda.memory._record_memory_history`` with the native class (which records
-            cudamem's history too), :func:`cudamem.record_memory_history` on the pluggable path.
+            ``torch.cuda.memory._record_memory_history`` with the native class (which keeps
+            torch's history; :func:`cudamem.snapshot` returns it), :func:`cudamem.record_memory_history`
+            on the pluggable path.
 
     Raises:
         cudamem._torch_native.NativeBuildError: the native class cannot be built for this torch
@@ -367,7 +368,7 @@ def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     if _state.get("mode") == "native":
         import torch
 
-        # Torch's own history (the native class keeps it; cudamem's records as well).
+        # Torch's own history, kept by the native class (cudamem.snapshot() reads it too).
         torch.cuda.memory._record_memory_history(**kwargs)
     else:
         cudamem.record_memory_history(**kwargs)

@@ -32,7 +32,7 @@ pub const ERR_DEVICE: c_int = 3;
 pub const ERR_INTERNAL: c_int = 4;
 
 /// The version of `NativeApi`; the class checks it.
-pub const NATIVE_API_VERSION: u32 = 9;
+pub const NATIVE_API_VERSION: u32 = 10;
 
 /// The number of values the table's `stats` writes: c10's `DeviceStats`, in its order.
 pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
@@ -130,10 +130,8 @@ pub struct NativeApi {
     pub set_settings: unsafe extern "C" fn(*const c_char) -> c_int,
     /// `(device, out[2])`: allocated and reserved bytes.
     pub totals: unsafe extern "C" fn(c_int, *mut u64),
-    /// `(enabled, context, max_entries, clear) -> kind`: c10's `recordHistory` for every
-    /// device; `context` is c10's `RecordContext` (0 never .. 3 all). Stacks are Python's.
-    pub record_history: extern "C" fn(c_int, c_int, u64, c_int) -> c_int,
-    /// Whether any device records its history.
+    /// Whether any device records cudamem's own history (`cudamem.record_memory_history`;
+    /// torch's is the class's own).
     pub history_enabled: extern "C" fn() -> c_int,
     /// `(ctx, on_segment, on_block) -> kind`: every device's segments, each followed by its
     /// blocks (c10's `SnapshotInfo.segments`).

@@ -69,6 +69,11 @@ pub fn set_history(device: Option<i32>, s: HistorySettings, clear: bool) -> Resu
     Ok(())
 }
 
+/// Whether any device records cudamem's own history.
+pub fn any_recording() -> bool {
+    registry::existing().any(|(d, _)| recording::is_recording(d))
+}
+
 /// The Python stack of the calling thread, innermost frame first, for a call from C (PyTorch's
 /// alloc and free functions) that may or may not hold the GIL. `None` when the thread runs no
 /// Python code (an autograd engine thread), or the interpreter is gone or going.

@@ -363,6 +363,12 @@ fn _python_frames(py: Python<'_>) -> Vec<(String, String, i64)> {
         .collect()
 }
 
+/// Whether any device records cudamem's own history (`record_memory_history`).
+#[pyfunction]
+fn _recording() -> bool {
+    history::any_recording()
+}
+
 /// Called at interpreter exit (atexit): stop gathering Python stacks.
 #[pyfunction]
 fn _at_exit() {
@@ -412,6 +418,7 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(_python_frames, m)?)?;
     m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(_recording, m)?)?;
     m.add("MAX_FRAMES", history::MAX_FRAMES)?;
     reports::register(m)?;
     estimate::register(m)?;

@@ -19,7 +19,7 @@
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
 
 use cudamem_alloc::engine::PoolSlot;
-use cudamem_alloc::{DeviceStats, RecordContext};
+use cudamem_alloc::DeviceStats;
 use cudamem_device::StreamId;
 
 use crate::abi::{NativeApi, NATIVE_API_VERSION, STATS_LEN};
@@ -29,7 +29,6 @@ use crate::history;
 use crate::ipc;
 use crate::native_pools;
 use crate::pool_allocator;
-use crate::recording;
 use crate::registry;
 use crate::trackers;
 
@@ -59,7 +58,6 @@ static API: NativeApi = NativeApi {
     checkpoint_restore: native_pools::nat_checkpoint_restore,
     set_settings: nat_set_settings,
     totals: nat_totals,
-    record_history: nat_record_history,
     history_enabled: nat_history_enabled,
     snapshot: crate::native_snapshot::nat_snapshot,
     ipc_share: ipc::nat_ipc_share,
@@ -266,31 +264,8 @@ unsafe extern "C" fn nat_totals(device: c_int, out: *mut u64) {
     }
 }
 
-extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u64, clear: c_int) -> c_int {
-    run("record_history", || {
-        let context = match context {
-            0 => RecordContext::Never,
-            1 => RecordContext::State,
-            2 => RecordContext::Alloc,
-            3 => RecordContext::All,
-            other => {
-                return Err(CError::invalid(format!(
-                    "cudamem: unknown record context {other} (c10's RecordContext is 0..3)"
-                )))
-            }
-        };
-        let s = recording::HistorySettings {
-            enabled: enabled != 0,
-            context,
-            max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX).max(1),
-        };
-        history::set_history(None, s, clear != 0)?;
-        Ok(())
-    })
-}
-
 extern "C" fn nat_history_enabled() -> c_int {
-    registry::existing().any(|(d, _)| recording::is_recording(d)) as c_int
+    history::any_recording() as c_int
 }
 
 #[cfg(test)]

@@ -482,6 +482,48 @@ def test_the_snapshot_dict_is_the_pickle_writers_schema_with_shared_frames(dev):
     cudamem.free(q, dev)
 
 
+def test_with_the_native_class_the_snapshot_is_torchs_history_while_only_torch_records(dev, monkeypatch):
+    """The native class keeps torch's history, the one record of torch's _record_memory_history;
+    cudamem.snapshot() reads it through torch then (stand-ins for torch and the install here:
+    the class itself needs a GPU, scripts/gpu/torch/native_check.py)."""
+    import types
+
+    import cudamem.torch as glue
+
+    torchs = {
+        "segments": [{"device": 0, "address": 1}, {"device": dev, "address": 2}],
+        "device_traces": [[{"action": "alloc", "addr": 1}], [], [{"action": "alloc", "addr": 2}]],
+        "allocator_settings": {},
+        "external_annotations": [{"device": 0, "name": "a"}, {"device": dev, "name": "b"}],
+    }
+    recording = {"on": True}
+    fake = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_isHistoryEnabled=lambda: recording["on"]),
+        cuda=types.SimpleNamespace(memory=types.SimpleNamespace(_snapshot=lambda: pickle.loads(pickle.dumps(torchs)))),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(glue, "install_mode", lambda: "native")
+    assert cudamem.snapshot() == torchs
+    mine = cudamem.snapshot(dev)
+    assert mine["segments"] == [{"device": dev, "address": 2}]
+    assert [len(t) for t in mine["device_traces"]] == [int(i == dev == 2) for i in range(3)]
+    assert mine["external_annotations"] == [{"device": dev, "name": "b"}]
+    # Torch not recording: cudamem's own (empty) history.
+    recording["on"] = False
+    assert "segments" in cudamem.snapshot(dev) and cudamem.snapshot(dev) != torchs
+    # cudamem's own recording on: its own snapshot, whatever torch records.
+    recording["on"] = True
+    cudamem.record_memory_history(device=dev)
+    p = cudamem.malloc(MiB, dev)
+    own = cudamem.snapshot(dev)
+    assert own["device_traces"][dev] and own != torchs
+    cudamem.free(p, dev)
+    # Not the native class: cudamem's own.
+    cudamem.record_memory_history(None)
+    monkeypatch.setattr(glue, "install_mode", lambda: "shim")
+    assert cudamem.snapshot() != torchs
+
+
 def test_annotations(dev):
     cudamem.record_memory_history(device=dev)
     with cudamem.annotate_region("forward", device=dev):

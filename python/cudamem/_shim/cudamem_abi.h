@@ -28,7 +28,7 @@ constexpr static const int ERR_DEVICE = 3;
 constexpr static const int ERR_INTERNAL = 4;
 
 /// The version of `NativeApi`; the class checks it.
-constexpr static const uint32_t NATIVE_API_VERSION = 9;
+constexpr static const uint32_t NATIVE_API_VERSION = 10;
 
 /// The number of values the table's `stats` writes: c10's `DeviceStats`, in its order.
 constexpr static const size_t STATS_LEN = ((((((9 * 3) * 4) + 2) + 4) + 4) + 4);
@@ -129,10 +129,8 @@ struct NativeApi {
   int (*set_settings)(const char*);
   /// `(device, out[2])`: allocated and reserved bytes.
   void (*totals)(int, uint64_t*);
-  /// `(enabled, context, max_entries, clear) -> kind`: c10's `recordHistory` for every
-  /// device; `context` is c10's `RecordContext` (0 never .. 3 all). Stacks are Python's.
-  int (*record_history)(int, int, uint64_t, int);
-  /// Whether any device records its history.
+  /// Whether any device records cudamem's own history (`cudamem.record_memory_history`;
+  /// torch's is the class's own).
   int (*history_enabled)();
   /// `(ctx, on_segment, on_block) -> kind`: every device's segments, each followed by its
   /// blocks (c10's `SnapshotInfo.segments`).

@@ -353,7 +353,9 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   bool isHistoryEnabled() override { return g_history_on.load() || g_api->history_enabled() != 0; }
 
   // Torch's history is kept here, in torch's TraceEntry with torch's recorder (see
-  // native_history.h); cudamem's own history (cudamem.snapshot(), the viewer) records too.
+  // native_history.h), and only here: each allocation's context is gathered once, by torch's
+  // recorder, and cudamem.snapshot() reads this history through torch while cudamem's own
+  // recording (cudamem.record_memory_history) is off.
   void record_history(
       bool enabled,
       CCA::CreateContextFn context_recorder,
@@ -364,8 +366,6 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
     g_history_on.store(enabled);
     update_hook();
-    check(g_api->record_history(
-        enabled ? 1 : 0, static_cast<int>(when), static_cast<uint64_t>(alloc_trace_max_entries), clearHistory ? 1 : 0));
   }
 
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override { history_.annotate(md); }
