@@ -1,5 +1,6 @@
 // Memory the native torch allocator class gets outside the engine's own device: straight from
-// cudaMalloc while caching is disabled, and a MemPool's segments from the pool's own allocator.
+// cudaMalloc while caching is disabled, and a MemPool's segments from the pool's own allocator;
+// and the CUDA runtime state that torch's own cudaMalloc calls would have set up.
 // Included by native_allocator.cpp only (one translation unit), after c10's CUDA headers.
 
 #pragma once
@@ -53,5 +54,23 @@ inline void pool_free(void* ctx, void* ptr, size_t, int device) {
 }
 
 inline void pool_drop(void* ctx) { delete static_cast<std::shared_ptr<CCA::CUDAAllocator>*>(ctx); }
+
+// Torch's allocator makes segments with cudaMalloc, whose first call on a thread binds the
+// current device's primary context to that thread; cudamem's engine calls the driver and
+// leaves the thread's context as it found it. Without the binding, each device guard torch
+// runs on that thread (one per torch.cuda.caching_allocator_alloc) takes the runtime's slow
+// path until some other runtime call binds it. So bind it once per thread, as cudaMalloc
+// would: cudaFree(nullptr) does only that. Never while a capture is underway (the call is
+// one a capture in the default mode forbids); a later allocation binds it.
+inline void bind_runtime_context(bool capturing) {
+  static thread_local bool bound = false;
+  if (bound || capturing) {
+    return;
+  }
+  if (cudaFree(nullptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // the engine's own call reports a device that does not work
+  }
+  bound = true;
+}
 
 }  // namespace cudamem_memory
