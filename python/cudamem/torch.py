@@ -356,6 +356,18 @@ def _env_off(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() in ("0", "false", "off", "no")
 
 
+def _native_annotate(name: str, stage: str, device: int) -> bool:
+    """An annotation in torch's history, kept by the native class (``device`` -1: the current
+    one); False when the class is not installed or does not record."""
+    lib = _state.get("native")
+    if lib is None:
+        return False
+    fn = lib.cudamem_native_annotate
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    return fn(name.encode(), stage.encode(), device) == 1
+
+
 def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     if record_history is None or record_history is False:
         return

@@ -503,7 +503,20 @@ def test_with_the_native_class_the_snapshot_is_torchs_history_while_only_torch_r
     )
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setattr(glue, "install_mode", lambda: "native")
+
+    class Annotate:  # the class's cudamem_native_annotate, as ctypes calls it
+        calls = []
+
+        def __call__(self, *args):
+            self.calls.append(args)
+            return 1
+
+    monkeypatch.setitem(glue._state, "native", types.SimpleNamespace(cudamem_native_annotate=Annotate()))
     assert cudamem.snapshot() == torchs
+    cudamem.annotate("step", "START", device=dev)
+    with cudamem.annotate_region("region"):
+        pass
+    assert Annotate.calls == [(b"step", b"START", dev), (b"region", b"START", -1), (b"region", b"END", -1)]
     mine = cudamem.snapshot(dev)
     assert mine["segments"] == [{"device": dev, "address": 2}]
     assert [len(t) for t in mine["device_traces"]] == [int(i == dev == 2) for i in range(3)]
@@ -515,8 +528,10 @@ def test_with_the_native_class_the_snapshot_is_torchs_history_while_only_torch_r
     recording["on"] = True
     cudamem.record_memory_history(device=dev)
     p = cudamem.malloc(MiB, dev)
+    cudamem.annotate("mine", device=dev)
     own = cudamem.snapshot(dev)
     assert own["device_traces"][dev] and own != torchs
+    assert [a["name"] for a in own["external_annotations"]] == ["mine"] and len(Annotate.calls) == 3
     cudamem.free(p, dev)
     # Not the native class: cudamem's own.
     cudamem.record_memory_history(None)

@@ -89,7 +89,8 @@ def test_compiles_against_the_release(tmp_path, version, src):
     assert r.returncode == 0, r.stderr[-4000:]
     if src == CPP:
         syms = subprocess.run(["nm", "-C", str(out)], capture_output=True, text=True).stdout
-        assert "cudamem_native_install" in syms and "cudamem_native_version" in syms
+        for name in ("cudamem_native_install", "cudamem_native_version", "cudamem_native_annotate"):
+            assert name in syms, name
 
 
 def test_an_older_torch_is_refused_at_compile_time(tmp_path):

@@ -60,7 +60,7 @@ namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
 
 using cudamem_abi::NativeApi;
-constexpr int kShimVersion = 1;  // cudamem._torch_native.NATIVE_SHIM_VERSION
+constexpr int kShimVersion = 2;  // cudamem._torch_native.NATIVE_SHIM_VERSION
 
 using cudamem_engine::check;
 using cudamem_engine::cuda_device;
@@ -348,29 +348,12 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
-    c10::cuda::CUDAGuard guard(dev);
-    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else {
-      C10_CUDA_CHECK(err);
-    }
+    cudamem_memory::enable_peer_access(dev, dev_to_access);
   }
 
-  // cudamem maps most memory with the VMM API: across devices without peer access only the
-  // peer copy is correct for it.
-  cudaError_t memcpyAsync(
-      void* dst,
-      int dstDevice,
-      const void* src,
-      int srcDevice,
-      size_t count,
-      cudaStream_t stream,
-      bool p2p_enabled) override {
-    if (p2p_enabled || dstDevice == srcDevice) {
-      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
-    }
-    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    return cudamem_memory::copy_async(dst, dstDevice, src, srcDevice, count, stream, p2p_enabled);
   }
 
   std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
@@ -491,6 +474,13 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
     cudamem_engine::write_message(e.what(), msg, len);
     return 1;
   }
+}
+
+// cudamem.annotate while the class keeps torch's history: an annotation as torch's
+// record_function ranges make them (name and stage) on `device` (-1: the current one). Returns 1
+// when recorded (torch's history is on), else 0; never throws.
+int cudamem_native_annotate(const char* name, const char* stage, int device) {
+  return g_history != nullptr ? g_history->annotate_region(name, stage, device) : 0;
 }
 
 // The version of this file's interface to cudamem.torch.
