@@ -64,6 +64,7 @@ pub struct Usage {
 /// (as it passes through PyTorch's own allocator); `catch_unwind` would stop it and abort the
 /// process ("FATAL: exception not rethrown"). The C entry points that get here are therefore
 /// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
+#[inline]
 pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
     match stack {
         StackSource::Gather if recording::stack_mode(device) >= mode => history::gather_python_frames(),
@@ -73,11 +74,13 @@ pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Fra
 }
 
 /// The allocator of `device`, created on first use.
+#[inline]
 pub fn alloc(device: c_int) -> Result<&'static CachingAllocator, CError> {
     Ok(registry::get_or_create(device)?)
 }
 
 /// The allocator that handed out `ptr`, with its ordinal.
+#[inline]
 pub fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
     if let Some(one) = registry::sole() {
         return Some(one); // its free says whether the pointer is its own
@@ -99,6 +102,7 @@ pub fn on_device(e: AllocError, device: c_int) -> AllocError {
 /// Allocates `size` bytes on `device` for use on `stream`, from the private pool `slot` if one
 /// is given; with `usage`, also reads what the profiler wants. Returns the address (0 for size
 /// 0, which creates no allocator).
+#[inline]
 pub fn malloc(
     device: c_int,
     size: u64,
@@ -138,6 +142,7 @@ pub fn malloc(
 
 /// Frees `ptr` (0: nothing); with `usage`, also reads what the profiler wants (the block's size
 /// is the freed one). Returns the device it was freed on (for 0 with [`Owner::Find`], 0).
+#[inline]
 pub fn free(ptr: u64, owner: Owner, stack: StackSource, usage: Option<&mut Usage>) -> Result<c_int, CError> {
     let (device, a) = match owner {
         _ if ptr == 0 => return Ok(if let Owner::Device(d) = owner { d } else { 0 }),

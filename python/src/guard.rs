@@ -76,6 +76,7 @@ pub fn alloc_error(e: &AllocError) -> CError {
 
 /// Runs `f`, turning a panic into an [`ERR_INTERNAL`] error that names `what` and keeps the
 /// panic's message.
+#[inline]
 pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CError>) -> Result<T, CError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
