@@ -384,8 +384,37 @@ def snapshot(device: Any = None) -> dict:
     ``{"name", "filename", "line"}`` dicts, innermost first; identical stacks share one list.
     While recording, taking a snapshot records a ``snapshot`` entry (as in PyTorch). Times are
     microseconds since the device's allocator was created.
+
+    With cudamem's native allocator class installed (:func:`cudamem.torch.install`), torch's
+    ``torch.cuda.memory._record_memory_history`` records torch's history once, in the class, with
+    torch's frames; while it records and cudamem's own recording is off, this is torch's
+    ``_snapshot()`` (of ``device`` only, when one is given), times in torch's clock.
     """
-    return _cudamem.snapshot(_device_or_all(device))
+    d = _device_or_all(device)
+    torchs = _torch_history_snapshot(d)
+    return torchs if torchs is not None else _cudamem.snapshot(d)
+
+
+def _torch_keeps_history() -> Any:
+    """The ``cudamem.torch`` module when cudamem's native class records torch's history and
+    cudamem's own recording is off (then that history is the one record), else None."""
+    glue = sys.modules.get("cudamem.torch")
+    torch = sys.modules.get("torch")
+    if glue is None or torch is None or glue.install_mode() != "native" or _cudamem._recording():
+        return None
+    return glue if torch._C._cuda_isHistoryEnabled() else None
+
+
+def _torch_history_snapshot(device: Optional[int]) -> Optional[dict]:
+    """Torch's snapshot while it is the one record (see :func:`snapshot`), else None."""
+    if _torch_keeps_history() is None:
+        return None
+    snap = sys.modules["torch"].cuda.memory._snapshot()
+    if device is not None:
+        snap["segments"] = [s for s in snap["segments"] if s.get("device") == device]
+        snap["device_traces"] = [t if i == device else [] for i, t in enumerate(snap["device_traces"])]
+        snap["external_annotations"] = [a for a in snap.get("external_annotations", []) if a.get("device") == device]
+    return snap
 
 
 def dump_snapshot(filename: Union[str, "os.PathLike[str]"] = "dump_snapshot.pickle", device: Any = None) -> None:
@@ -406,13 +435,22 @@ def annotate(name: str, stage: str = "START", device: Any = None) -> None:
     """Records an annotation in the history (``external_annotations`` of :func:`snapshot`, and
     an ``annotate`` entry in the device's trace): ``stage`` is ``"START"`` or ``"END"`` of the
     region ``name``, as PyTorch records ``record_function`` ranges. ``device=None``: every
-    device in use. Nothing is recorded where history is off."""
+    device in use. Nothing is recorded where history is off.
+
+    While cudamem's native class keeps torch's history (see :func:`snapshot`), the annotation
+    goes there, as torch's ``record_function`` ranges do: one entry, on ``device`` or else the
+    current one."""
     for arg, value in (("name", name), ("stage", stage)):
         if not isinstance(value, str):
             raise TypeError(f"{arg} must be a str, got {type(value).__name__}")
     if stage not in ANNOTATION_STAGES:
         raise ValueError(f"stage must be one of {', '.join(map(repr, ANNOTATION_STAGES))}, got {stage!r}")
-    _cudamem.annotate(name, stage, _device_or_all(device))
+    d = _device_or_all(device)
+    glue = _torch_keeps_history()
+    if glue is not None:
+        glue._native_annotate(name, stage, -1 if d is None else d)
+        return
+    _cudamem.annotate(name, stage, d)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from typing import Any, List
 from cudamem import _torch_build, _torch_versions
 
 # Bumped whenever the C++ side's exported interface changes (checked at load time).
-NATIVE_SHIM_VERSION = 1
+NATIVE_SHIM_VERSION = 2
 
 
 class NativeBuildError(RuntimeError):

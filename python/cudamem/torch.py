@@ -220,8 +220,9 @@ def install(
         record_history: start recording the memory history now, on every device: ``True``
             for the defaults (every event, stacks on allocations and frees), or a dict of
             arguments (``{"max_entries": 100000}``): torch's
-            ``torch.cuda.memory._record_memory_history`` with the native class (which records
-            cudamem's history too), :func:`cudamem.record_memory_history` on the pluggable path.
+            ``torch.cuda.memory._record_memory_history`` with the native class (which keeps
+            torch's history; :func:`cudamem.snapshot` returns it), :func:`cudamem.record_memory_history`
+            on the pluggable path.
 
     Raises:
         cudamem._torch_native.NativeBuildError: the native class cannot be built for this torch
@@ -355,6 +356,18 @@ def _env_off(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() in ("0", "false", "off", "no")
 
 
+def _native_annotate(name: str, stage: str, device: int) -> bool:
+    """An annotation in torch's history, kept by the native class (``device`` -1: the current
+    one); False when the class is not installed or does not record."""
+    lib = _state.get("native")
+    if lib is None:
+        return False
+    fn = lib.cudamem_native_annotate
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    return fn(name.encode(), stage.encode(), device) == 1
+
+
 def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     if record_history is None or record_history is False:
         return
@@ -367,7 +380,7 @@ def _start_history(record_history: Union[bool, Dict[str, Any], None]) -> None:
     if _state.get("mode") == "native":
         import torch
 
-        # Torch's own history (the native class keeps it; cudamem's records as well).
+        # Torch's own history, kept by the native class (cudamem.snapshot() reads it too).
         torch.cuda.memory._record_memory_history(**kwargs)
     else:
         cudamem.record_memory_history(**kwargs)

@@ -18,8 +18,10 @@
 //!
 //! ## Rules
 //!
-//! * **No panic crosses the boundary**: every body runs under `catch_unwind`; a panic (a bug)
-//!   becomes an error of kind [`ERR_INTERNAL`] with the panic's message.
+//! * **No panic crosses the boundary**: every body runs under the one panic guard of
+//!   [`crate::guard`]; a panic (a bug) becomes an error of kind `ERR_INTERNAL` with the panic's
+//!   message. Allocation and free are [`crate::entry`]'s bodies, shared with the native class
+//!   and the Python functions.
 //! * **Failures are never silent.** A failing `cudamem_malloc` stores the message and its kind as
 //!   the calling thread's *last error* (`cudamem_last_error`), then acts by the process-wide
 //!   *error mode* (`cudamem_set_error_mode`):
@@ -47,27 +49,15 @@
 //!   (or re-entered), the frames read, the GIL released, and only then is the allocator locked
 //!   (see [`crate::history`]). Otherwise the only cost is one atomic load.
 
-use std::cell::RefCell;
 use std::ffi::{c_char, c_double, c_int, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
-use cudamem_alloc::{AllocError, Frame};
 use cudamem_device::StreamId;
 
-use crate::history::{self, STACKS_ALL};
-use crate::registry::{self, RegistryError};
-
-/// No error.
-pub const ERR_NONE: c_int = 0;
-/// Out of memory (PyTorch's message, plus cudamem's diagnosis).
-pub const ERR_OOM: c_int = 1;
-/// A bad argument or setting: unknown device ordinal, bad configuration string or policy.
-pub const ERR_INVALID: c_int = 2;
-/// The device failed (no driver, a CUDA error other than out-of-memory).
-pub const ERR_DEVICE: c_int = 3;
-/// A bug in cudamem (a caught panic).
-pub const ERR_INTERNAL: c_int = 4;
+use crate::abi;
+use crate::entry::{self, Owner, StackSource};
+use crate::guard::{alloc_error, guarded, last_error, set_last_error, CError, ERR_INVALID};
+use crate::registry;
 
 /// Error mode: print the message to stderr, return NULL.
 pub const MODE_RETURN_NULL: c_int = 0;
@@ -84,77 +74,6 @@ static THROWER: AtomicUsize = AtomicUsize::new(0);
 static UNKNOWN_FREES: AtomicU64 = AtomicU64::new(0);
 static UNKNOWN_FREE_REPORTED: AtomicBool = AtomicBool::new(false);
 static UNKNOWN_RECORD_REPORTED: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    static LAST_ERROR: RefCell<(c_int, String)> = const { RefCell::new((ERR_NONE, String::new())) };
-}
-
-/// An error of a C entry point: kind and message.
-pub struct CError {
-    pub kind: c_int,
-    pub message: String,
-}
-
-impl From<RegistryError> for CError {
-    fn from(e: RegistryError) -> Self {
-        let kind = match &e {
-            RegistryError::Alloc(a) => return alloc_error(a),
-            RegistryError::Device(_) => ERR_DEVICE,
-            RegistryError::BadDevice(_) | RegistryError::BadSetting(_) | RegistryError::InUse(_) => ERR_INVALID,
-        };
-        CError {
-            kind,
-            message: e.to_string(),
-        }
-    }
-}
-
-pub fn alloc_error(e: &AllocError) -> CError {
-    let kind = match e {
-        AllocError::OutOfMemory(_) => ERR_OOM,
-        AllocError::Device(_) => ERR_DEVICE,
-        _ => ERR_INVALID,
-    };
-    CError {
-        kind,
-        message: e.to_string(),
-    }
-}
-
-/// Runs `f`, turning a panic into an [`ERR_INTERNAL`] error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, CError>) -> Result<T, CError> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => {
-            let why = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
-            Err(CError {
-                kind: ERR_INTERNAL,
-                message: format!("cudamem: internal error in {what}: {why}"),
-            })
-        }
-    }
-}
-
-pub fn set_last_error(kind: c_int, message: &str) {
-    let _ = LAST_ERROR.try_with(|l| {
-        if let Ok(mut l) = l.try_borrow_mut() {
-            l.0 = kind;
-            l.1.clear();
-            l.1.push_str(message);
-        }
-    });
-}
-
-/// The calling thread's last error (kind, message).
-pub fn last_error() -> (c_int, String) {
-    LAST_ERROR
-        .try_with(|l| l.borrow().clone())
-        .unwrap_or((ERR_NONE, String::new()))
-}
 
 fn report(message: &str) {
     // eprintln! panics if stderr is closed; a report must never panic.
@@ -182,56 +101,23 @@ unsafe fn write_c_string(msg: &str, buf: *mut c_char, len: usize) {
     }
 }
 
-/// Where the stack recorded in the memory history for an allocation or a free comes from.
-pub enum StackSource {
-    /// The calling thread's Python stack, gathered (taking the GIL) only if the device records
-    /// history with stacks: C callers, such as PyTorch's alloc and free functions.
-    Gather,
-    /// Given by the caller: the Python API gathers it with the GIL it holds.
-    Given(Option<Vec<Frame>>),
-}
-
-/// The frames to record for a call on `device`: gathered (C callers) only when the device
-/// records stacks for this kind of call (`mode` [`history::STACKS_ALLOC`] for allocations,
-/// [`STACKS_ALL`] for frees).
-///
-/// Runs outside `catch_unwind` on purpose: taking the GIL while the interpreter shuts down
-/// makes CPython end the thread with `pthread_exit`, a forced unwind, which must pass through
-/// (as it passes through PyTorch's own allocator); `catch_unwind` would stop it and abort the
-/// process ("FATAL: exception not rethrown"). The C entry points that get here are therefore
-/// `extern "C-unwind"`. Nothing here panics, and nothing is locked yet.
-pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Frame>> {
-    match stack {
-        StackSource::Gather if history::stack_mode(device) >= mode => history::gather_python_frames(),
-        StackSource::Gather => None,
-        StackSource::Given(f) => f,
-    }
-}
-
-fn malloc_impl(size: usize, device: c_int, stream: *mut c_void, stack: StackSource) -> Result<*mut c_void, CError> {
-    if size == 0 {
-        return Ok(std::ptr::null_mut());
-    }
-    // First: a new allocator gets the history setting of device=None, which decides whether
-    // to gather.
-    let alloc = guarded("cudamem_malloc", || Ok(registry::get_or_create(device)?))?;
-    let frames = frames_for(device, stack, history::STACKS_ALLOC);
-    guarded("cudamem_malloc", || {
-        let stream = StreamId(stream as u64);
-        let ptr = match frames {
-            Some(f) => alloc.malloc_with_stack(size as u64, stream, f),
-            None => alloc.malloc(size as u64, stream),
-        }
-        .map_err(|e| alloc_error(&e))?;
-        Ok(ptr as *mut c_void)
-    })
+fn malloc_impl(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, CError> {
+    entry::malloc(
+        device,
+        size as u64,
+        StreamId(stream as u64),
+        None,
+        StackSource::Gather,
+        None,
+    )
+    .map(|p| p as *mut c_void)
 }
 
 /// `void* cudamem_malloc(size_t size, int device, cudaStream_t stream)`: PyTorch's alloc
 /// function. On failure see the module documentation (error modes).
 #[no_mangle]
 pub extern "C-unwind" fn cudamem_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let err = match malloc_impl(size, device, stream, StackSource::Gather) {
+    let err = match malloc_impl(size, device, stream) {
         Ok(p) => return p,
         Err(e) => e,
     };
@@ -280,7 +166,7 @@ pub unsafe extern "C-unwind" fn cudamem_malloc_or_error(
     msg_buf: *mut c_char,
     msg_len: usize,
 ) -> *mut c_void {
-    match malloc_impl(size, device, stream, StackSource::Gather) {
+    match malloc_impl(size, device, stream) {
         Ok(p) => {
             // SAFETY: caller's contract on msg_buf.
             unsafe { write_c_string("", msg_buf, msg_len) };
@@ -295,52 +181,12 @@ pub unsafe extern "C-unwind" fn cudamem_malloc_or_error(
     }
 }
 
-/// Frees `ptr` on `device`, reporting unknown pointers once. Returns the error for callers that
-/// want it (the Python API); the C function ignores it.
-fn free_impl(ptr: u64, device: c_int, stack: StackSource) -> Result<(), CError> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    let Some(alloc) = registry::get(device) else {
-        return Err(CError {
-            kind: ERR_INVALID,
-            message: format!("invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"),
-        });
-    };
-    let frames = frames_for(device, stack, STACKS_ALL); // outside catch_unwind: see frames_for
-    guarded("cudamem_free", || {
-        match frames {
-            Some(f) => {
-                // Gathered before locking (never wait for the GIL under the allocator's lock).
-                let mut e = alloc.lock();
-                e.set_current_stack(Some(f));
-                let r = e.free(ptr);
-                e.set_current_stack(None);
-                r
-            }
-            None => alloc.free(ptr),
-        }
-        .map_err(|e| alloc_error(&on_device(e, device)))
-    })
-}
-
-/// `e`, naming `device` where it is about a pointer (the engine names only the device's kind).
-pub fn on_device(e: AllocError, device: c_int) -> AllocError {
-    match e {
-        AllocError::InvalidPointer { ptr, reason } => AllocError::InvalidPointer {
-            ptr,
-            reason: format!("device {device}: {reason}"),
-        },
-        e => e,
-    }
-}
-
 /// `void cudamem_free(void* ptr, size_t size, int device, cudaStream_t stream)`: PyTorch's free
 /// function. `size` and `stream` are not needed (the allocator knows both). A pointer cudamem
 /// did not hand out is ignored: reported on stderr the first time, counted always.
 #[no_mangle]
 pub extern "C-unwind" fn cudamem_free(ptr: *mut c_void, _size: usize, device: c_int, _stream: *mut c_void) {
-    if let Err(e) = free_impl(ptr as u64, device, StackSource::Gather) {
+    if let Err(e) = entry::free(ptr as u64, Owner::Device(device), StackSource::Gather, None) {
         if e.kind == ERR_INVALID {
             UNKNOWN_FREES.fetch_add(1, Ordering::Relaxed);
             if !UNKNOWN_FREE_REPORTED.swap(true, Ordering::Relaxed) {
@@ -388,35 +234,11 @@ pub extern "C" fn cudamem_set_memory_fraction(fraction: c_double, device: c_int)
     }
 }
 
-/// Records that `ptr` is used on `stream` too, on whichever device owns it.
-pub fn record_stream_any(ptr: u64, stream: u64) -> Result<(), CError> {
-    guarded("cudamem_record_stream", || {
-        if ptr == 0 {
-            return Ok(()); // the storage of an empty tensor
-        }
-        let mut last = None;
-        for (_, a) in registry::existing() {
-            match a.record_stream(ptr, StreamId(stream)) {
-                Ok(()) => return Ok(()),
-                Err(e @ AllocError::InvalidPointer { .. }) => last = Some(e),
-                Err(e) => return Err(alloc_error(&e)),
-            }
-        }
-        Err(match last {
-            Some(e) => alloc_error(&e),
-            None => CError {
-                kind: ERR_INVALID,
-                message: format!("invalid device pointer: {ptr:#x} (no allocator exists)"),
-            },
-        })
-    })
-}
-
 /// `void cudamem_record_stream(void* ptr, cudaStream_t stream)`: PyTorch's record-stream hook
 /// (`tensor.record_stream(s)`). The pointer is looked up on every device that has an allocator.
 #[no_mangle]
 pub extern "C" fn cudamem_record_stream(ptr: *mut c_void, stream: *mut c_void) {
-    if let Err(e) = record_stream_any(ptr as u64, stream as u64) {
+    if let Err(e) = entry::record_stream_any(ptr as u64, stream as u64) {
         if e.kind != ERR_INVALID || !UNKNOWN_RECORD_REPORTED.swap(true, Ordering::Relaxed) {
             report(&format!(
                 "cudamem: record_stream ignored: {} (unknown pointers are reported once)",
@@ -493,13 +315,14 @@ pub extern "C" fn cudamem_unknown_frees() -> u64 {
     UNKNOWN_FREES.load(Ordering::Relaxed)
 }
 
-/// Frees for the Python API (the stack gathered by the caller): errors are returned, not
-/// reported.
-pub fn free_checked(ptr: u64, device: c_int, frames: Option<Vec<Frame>>) -> Result<(), CError> {
-    free_impl(ptr, device, StackSource::Given(frames))
-}
-
 /// The current error mode.
 pub fn error_mode() -> c_int {
     ERROR_MODE.load(Ordering::Relaxed)
 }
+
+// The exported functions the C++ side calls through pointers have the types it declares
+// (`crate::abi`, generated into the C++ header).
+const _: abi::MallocOrErrorFn = cudamem_malloc_or_error;
+const _: abi::PluggableFreeFn = cudamem_free;
+const _: abi::LastErrorFn = cudamem_last_error;
+const _: abi::LastErrorKindFn = cudamem_last_error_kind;

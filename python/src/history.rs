@@ -10,8 +10,8 @@
 //!   `"alloc"` or `"all"`) carries the Python stack of the thread that allocates, innermost frame
 //!   first, as PyTorch's `stacks="python"` does; with context `"all"` frees carry the stack of
 //!   the thread that frees. Whether to gather is one relaxed atomic load per call
-//!   ([`stack_mode`]), so with recording off (or without a context) the allocation path is
-//!   unchanged.
+//!   ([`crate::recording::stack_mode`]), so with recording off (or without a context) the
+//!   allocation path is unchanged.
 //! * **Gathering** ([`gather_python_frames`]) happens *before* the device's allocator is
 //!   locked, never under it, so a thread holding the GIL and waiting for the allocator lock can
 //!   never deadlock with one holding that lock and waiting for the GIL. PyTorch calls the C
@@ -28,109 +28,25 @@
 //!   are cached (the cache holds a reference to each code object).
 //! * [`snapshot_trace`] merges the allocators' snapshots (one device, or all of them as
 //!   PyTorch's `_snapshot()` returns), and [`trace_to_py`] turns it into PyTorch's schema as
-//!   Python objects — the keys `cudamem_trace::write_snapshot_pickle` writes — sharing one list
-//!   per recorded stack and one dict per distinct frame, as PyTorch's own snapshot does, so that
-//!   `pickle.dump` writes each frame once.
+//!   Python objects with the pickle writer's own schema (`cudamem_trace::pickle`, through
+//!   [`crate::pyser`]), sharing one list per recorded stack and one dict per distinct frame, as
+//!   PyTorch's own snapshot does, so that `pickle.dump` writes each frame once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, intern};
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame, RecordContext};
+use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame};
 use cudamem_trace::{AllocatorSettings, DeviceTrace, Trace};
 
-use crate::registry::{self, MAX_DEVICES};
-
-/// No stacks are gathered on this device.
-pub const STACKS_NONE: u8 = 0;
-/// Allocations carry stacks (context `"state"` or `"alloc"`).
-pub const STACKS_ALLOC: u8 = 1;
-/// Allocations and frees carry stacks (context `"all"`).
-pub const STACKS_ALL: u8 = 2;
+use crate::recording::{self, HistorySettings};
+use crate::registry;
 
 /// The most frames kept of one stack (innermost first); deeper frames are dropped.
 pub const MAX_FRAMES: usize = 256;
-
-static STACK_MODE: [AtomicU8; MAX_DEVICES] = [const { AtomicU8::new(STACKS_NONE) }; MAX_DEVICES];
-static FINALIZING: AtomicBool = AtomicBool::new(false);
-/// Whether each device records its history (with stacks or without).
-static RECORDING: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
-/// The setting for allocators created from now on (`device=None`).
-static DEFAULT: Mutex<Option<HistorySettings>> = Mutex::new(None);
-
-/// What `record_memory_history` asked for, in the engine's terms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HistorySettings {
-    /// Recording on.
-    pub enabled: bool,
-    /// Which events carry stacks.
-    pub context: RecordContext,
-    /// Ring size (already forced to 1 unless `enabled == "all"`).
-    pub max_entries: usize,
-}
-
-impl HistorySettings {
-    fn stack_mode(&self) -> u8 {
-        if !self.enabled {
-            return STACKS_NONE;
-        }
-        match self.context {
-            RecordContext::Never => STACKS_NONE,
-            RecordContext::State | RecordContext::Alloc => STACKS_ALLOC,
-            RecordContext::All => STACKS_ALL,
-        }
-    }
-}
-
-/// The stack mode of `device` ([`STACKS_NONE`], [`STACKS_ALLOC`], [`STACKS_ALL`]): one relaxed
-/// atomic load, the only cost of history on the allocation path when recording is off.
-#[inline]
-pub fn stack_mode(device: i32) -> u8 {
-    match usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
-        Some(m) => m.load(Ordering::Relaxed),
-        None => STACKS_NONE,
-    }
-}
-
-/// Whether `device` records its memory history.
-pub fn is_recording(device: i32) -> bool {
-    usize::try_from(device)
-        .ok()
-        .and_then(|i| RECORDING.get(i))
-        .is_some_and(|r| r.load(Ordering::Relaxed))
-}
-
-fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: bool) {
-    if clear && s.enabled {
-        // The engine clears its ring when recording stops.
-        alloc.record_memory_history(false, RecordContext::Never, 1);
-    }
-    alloc.record_memory_history(s.enabled, s.context, s.max_entries);
-    if let Some(r) = usize::try_from(device).ok().and_then(|i| RECORDING.get(i)) {
-        r.store(s.enabled, Ordering::Relaxed);
-    }
-    if let Some(m) = usize::try_from(device).ok().and_then(|i| STACK_MODE.get(i)) {
-        let mode = if FINALIZING.load(Ordering::Relaxed) {
-            STACKS_NONE
-        } else {
-            s.stack_mode()
-        };
-        m.store(mode, Ordering::Relaxed);
-    }
-}
-
-/// Called by the registry, under its creation lock, for each new allocator: applies the
-/// setting of the last `record_memory_history(device=None)`.
-pub fn on_new_allocator(device: i32, alloc: &CachingAllocator) {
-    let s = *DEFAULT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = s {
-        apply(device, alloc, s, false);
-    }
-}
 
 /// Applies `s` to `device`'s allocator (created if needed), or with `None` to every allocator,
 /// existing or created later. `clear` empties the ring first (PyTorch's `clear_history`).
@@ -141,31 +57,28 @@ pub fn set_history(device: Option<i32>, s: HistorySettings, clear: bool) -> Resu
     match device {
         Some(d) => {
             let a = registry::get_or_create(d)?;
-            apply(d, a, s, clear);
+            recording::apply(d, a, s, clear);
         }
         None => registry::with_creation_locked(|| {
-            *DEFAULT.lock().unwrap_or_else(|e| e.into_inner()) = if s.enabled { Some(s) } else { None };
+            recording::set_default(if s.enabled { Some(s) } else { None });
             for (d, a) in registry::existing() {
-                apply(d, a, s, clear);
+                recording::apply(d, a, s, clear);
             }
         }),
     }
     Ok(())
 }
 
-/// The interpreter is shutting down (the package's `atexit` hook): gather no more stacks.
-pub fn stop_gathering() {
-    FINALIZING.store(true, Ordering::Relaxed);
-    for m in &STACK_MODE {
-        m.store(STACKS_NONE, Ordering::Relaxed);
-    }
+/// Whether any device records cudamem's own history.
+pub fn any_recording() -> bool {
+    registry::existing().any(|(d, _)| recording::is_recording(d))
 }
 
 /// The Python stack of the calling thread, innermost frame first, for a call from C (PyTorch's
 /// alloc and free functions) that may or may not hold the GIL. `None` when the thread runs no
 /// Python code (an autograd engine thread), or the interpreter is gone or going.
 pub fn gather_python_frames() -> Option<Vec<Frame>> {
-    if FINALIZING.load(Ordering::Relaxed) {
+    if recording::is_finalizing() {
         return None;
     }
     // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
@@ -371,170 +284,12 @@ pub fn snapshot_trace(device: Option<i32>) -> Result<Trace, registry::RegistryEr
     Ok(out)
 }
 
-/// Builds Python objects with shared strings, frame dicts and stack lists.
-struct Builder<'py, 't> {
-    py: Python<'py>,
-    trace: &'t Trace,
-    strings: HashMap<&'t str, Bound<'py, PyString>>,
-    frames: HashMap<&'t Frame, Bound<'py, PyDict>>,
-    stacks: Vec<Option<Bound<'py, PyList>>>,
-}
-
-impl<'py, 't> Builder<'py, 't> {
-    fn s(&mut self, text: &'t str) -> Bound<'py, PyString> {
-        let py = self.py;
-        self.strings
-            .entry(text)
-            .or_insert_with(|| PyString::new(py, text))
-            .clone()
-    }
-
-    /// The shared frame list of a stack, or a new empty list.
-    fn frames_of(&mut self, id: Option<u32>) -> PyResult<Bound<'py, PyList>> {
-        let Some(stack) = self.trace.stack(id) else {
-            return Ok(PyList::empty(self.py));
-        };
-        let i = id.unwrap_or_default() as usize;
-        if let Some(Some(l)) = self.stacks.get(i) {
-            return Ok(l.clone());
-        }
-        let list = PyList::empty(self.py);
-        for f in &stack.frames {
-            let d = match self.frames.get(f) {
-                Some(d) => d.clone(),
-                None => {
-                    let d = PyDict::new(self.py);
-                    d.set_item(intern!(self.py, "name"), self.s(&f.name))?;
-                    d.set_item(intern!(self.py, "filename"), self.s(&f.filename))?;
-                    d.set_item(intern!(self.py, "line"), f.line)?;
-                    self.frames.insert(f, d.clone());
-                    d
-                }
-            };
-            list.append(d)?;
-        }
-        if self.stacks.len() <= i {
-            self.stacks.resize(i + 1, None);
-        }
-        self.stacks[i] = Some(list.clone());
-        Ok(list)
-    }
-}
-
 /// `trace` in PyTorch's snapshot schema as Python objects: a dict with `segments`,
-/// `device_traces`, `allocator_settings` and `external_annotations`, with the keys and values
-/// `cudamem_trace::write_snapshot_pickle` writes (so `pickle.loads` of that writer's output
-/// compares equal).
+/// `device_traces`, `allocator_settings` and `external_annotations`, written by the same schema
+/// as `cudamem_trace::write_snapshot_pickle` (so `pickle.loads` of that writer's output compares
+/// equal), with one list per recorded stack and one dict per distinct frame (see
+/// [`crate::pyser`]).
 pub fn trace_to_py<'py>(py: Python<'py>, trace: &Trace) -> PyResult<Bound<'py, PyDict>> {
-    let mut b = Builder {
-        py,
-        trace,
-        strings: HashMap::new(),
-        frames: HashMap::new(),
-        stacks: Vec::new(),
-    };
-    let k = |s: &'static str| PyString::intern(py, s);
-
-    let segments = PyList::empty(py);
-    for g in &trace.segments {
-        let d = PyDict::new(py);
-        d.set_item(k("device"), g.device)?;
-        d.set_item(k("address"), g.address)?;
-        d.set_item(k("total_size"), g.total_size)?;
-        d.set_item(k("allocated_size"), g.allocated_size)?;
-        d.set_item(k("active_size"), g.active_size)?;
-        d.set_item(k("requested_size"), g.requested_size)?;
-        d.set_item(k("stream"), g.stream)?;
-        d.set_item(k("segment_type"), k(g.segment_type.as_str()))?;
-        d.set_item(k("segment_pool_id"), PyTuple::new(py, [g.pool_id.0, g.pool_id.1])?)?;
-        d.set_item(k("is_expandable"), g.is_expandable)?;
-        // cudamem's keys, as the pickle writer writes them: only on a tag's segments.
-        if let Some(tag) = &g.tag {
-            d.set_item(k("tag"), tag)?;
-        }
-        if g.tag.is_some() || g.asleep {
-            d.set_item(k("asleep"), g.asleep)?;
-        }
-        d.set_item(k("frames"), b.frames_of(g.stack)?)?;
-        let blocks = PyList::empty(py);
-        for bl in &g.blocks {
-            let bd = PyDict::new(py);
-            bd.set_item(k("address"), bl.address)?;
-            bd.set_item(k("size"), bl.size)?;
-            bd.set_item(k("requested_size"), bl.requested_size)?;
-            bd.set_item(k("state"), k(bl.state.as_str()))?;
-            bd.set_item(k("frames"), b.frames_of(bl.stack)?)?;
-            blocks.append(bd)?;
-        }
-        d.set_item(k("blocks"), blocks)?;
-        segments.append(d)?;
-    }
-
-    let max_dev = trace
-        .devices
-        .iter()
-        .map(|d| d.device)
-        .chain(trace.segments.iter().map(|g| g.device))
-        .filter(|&d| d >= 0)
-        .max();
-    let n = max_dev.map_or(0, |d| d as usize + 1);
-    let device_traces = PyList::empty(py);
-    let (na, empty) = (k("N/A"), k(""));
-    for dev in 0..n {
-        let events = PyList::empty(py);
-        if let Some(dt) = trace.device(dev as i32) {
-            for e in &dt.events {
-                let d = PyDict::new(py);
-                d.set_item(k("action"), k(e.action.as_str()))?;
-                if e.action == cudamem_trace::Action::Oom {
-                    d.set_item(k("device_free"), e.addr)?;
-                } else {
-                    d.set_item(k("addr"), e.addr)?;
-                }
-                d.set_item(k("size"), e.size)?;
-                d.set_item(k("stream"), e.stream)?;
-                d.set_item(k("time_us"), e.time_us)?;
-                if trace.stack(e.stack).is_some() {
-                    d.set_item(k("frames"), b.frames_of(e.stack)?)?;
-                }
-                d.set_item(k("compile_context"), &na)?;
-                d.set_item(k("user_metadata"), &empty)?;
-                events.append(d)?;
-            }
-        }
-        device_traces.append(events)?;
-    }
-
-    let a = &trace.settings;
-    let settings = PyDict::new(py);
-    settings.set_item("PYTORCH_CUDA_ALLOC_CONF", &a.conf)?;
-    settings.set_item("max_split_size", a.max_split_size)?;
-    settings.set_item("garbage_collection_threshold", a.garbage_collection_threshold)?;
-    settings.set_item("expandable_segments", a.expandable_segments)?;
-    settings.set_item("pinned_num_register_threads", a.pinned_num_register_threads)?;
-    settings.set_item("release_lock_on_cudamalloc", a.release_lock_on_cudamalloc)?;
-    settings.set_item("pinned_use_cuda_host_register", a.pinned_use_cuda_host_register)?;
-    settings.set_item("graph_capture_record_stream_reuse", a.graph_capture_record_stream_reuse)?;
-    let div = PyDict::new(py);
-    for (key, v) in &a.roundup_power2_divisions {
-        div.set_item(key.to_string(), v)?;
-    }
-    settings.set_item("roundup_power2_divisions", div)?;
-
-    let annotations = PyList::empty(py);
-    for an in &trace.annotations {
-        let d = PyDict::new(py);
-        d.set_item(k("stage"), b.s(&an.stage))?;
-        d.set_item(k("name"), b.s(&an.name))?;
-        d.set_item(k("device"), an.device)?;
-        d.set_item(k("time_us"), an.time_us)?;
-        annotations.append(d)?;
-    }
-
-    let top = PyDict::new(py);
-    top.set_item("segments", segments)?;
-    top.set_item("device_traces", device_traces)?;
-    top.set_item("allocator_settings", settings)?;
-    top.set_item("external_annotations", annotations)?;
-    Ok(top)
+    let snapshot = crate::pyser::to_py(py, &cudamem_trace::pickle::snapshot_schema(trace))?;
+    Ok(snapshot.downcast_into::<PyDict>()?)
 }

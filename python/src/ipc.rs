@@ -183,11 +183,9 @@ use std::ffi::{c_int, c_void};
 
 use cudamem_alloc::AllocError;
 
-use crate::ffi::{CError, ERR_INVALID};
-use crate::native::{aerr, alloc, owner_of, run};
-
-/// Receives the bytes of a handle.
-pub type ByteSink = unsafe extern "C" fn(*mut c_void, *const u8, usize);
+use crate::abi::ByteSink;
+use crate::entry::{alloc, owner_of};
+use crate::guard::{run, CError, ERR_INVALID};
 
 /// What [`nat_ipc_open`] opened, for [`nat_ipc_close`].
 const OPENED_SEGMENT: c_int = 1;
@@ -208,7 +206,7 @@ pub(crate) unsafe extern "C" fn nat_ipc_share(
             kind: ERR_INVALID,
             message: format!("cannot share {p:#x} with another process: cudamem did not allocate it"),
         })?;
-        let shared = a.lock().share(p).map_err(aerr)?;
+        let shared = a.lock().share(p).map_err(CError::from)?;
         out = Some(encode(&shared, p, std::process::id() as i32));
         Ok(())
     });
@@ -242,7 +240,7 @@ pub(crate) unsafe extern "C" fn nat_ipc_open(
             Handle::Segment(h) => (dev.open_ipc_handle(&h), OPENED_SEGMENT),
             Handle::Mapped { pid, parts } => (dev.import_mappings(pid, &parts), IMPORTED_MAPPINGS),
         };
-        let p = p.map_err(|e| aerr(AllocError::Device(e)))?;
+        let p = p.map_err(|e| CError::from(AllocError::Device(e)))?;
         // SAFETY: the caller passes writable out-values.
         unsafe {
             *ptr = p;
@@ -266,7 +264,7 @@ pub(crate) extern "C" fn nat_ipc_close(device: c_int, ptr: u64, opened: c_int) -
                 })
             }
         };
-        r.map_err(|e| aerr(AllocError::Device(e)))
+        r.map_err(|e| CError::from(AllocError::Device(e)))
     })
 }
 

@@ -1,13 +1,20 @@
 //! # `cudamem._cudamem`: the native half of the Python package `cudamem`
 //!
-//! One shared library carries two interfaces to the same process-global allocators:
+//! One shared library carries three interfaces to the same process-global allocators:
 //!
 //! * **Python functions** (pyo3, this file), wrapped by `cudamem/__init__.py` which resolves
 //!   `device=None` the way PyTorch does and builds the `OrderedDict` of `memory_stats()`;
 //! * **a C ABI** ([`ffi`]): `cudamem_malloc`, `cudamem_free`, `cudamem_empty_cache`,
 //!   `cudamem_set_memory_fraction`, `cudamem_record_stream`, `cudamem_malloc_or_error`, ...,
 //!   which PyTorch's `CUDAPluggableAllocator` (directly, or through the C++ shim that
-//!   `cudamem.torch.install()` compiles) calls for every CUDA tensor.
+//!   `cudamem.torch.install()` compiles) calls for every CUDA tensor;
+//! * **the native class's function table** ([`native`]), through which the C++ allocator class
+//!   that `cudamem.torch.install()` compiles reaches the engine.
+//!
+//! All three allocate and free through the same two bodies ([`entry`]), under the same panic
+//! guard ([`guard`]); the C side's declarations are generated from [`abi`]. Python exceptions
+//! come from one mapping (`pyerr`). Modules depend on each other without cycles: the leaves are
+//! [`abi`], [`recording`] (each device's history flags) and the reports.
 //!
 //! Memory history and snapshots ([`history`]: `record_memory_history`, `snapshot`, `annotate`)
 //! and the reports of `cudamem-report` (`_report_*`) are Python functions too.
@@ -33,107 +40,34 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod abi;
+pub mod entry;
 mod estimate;
 pub mod ffi;
+pub mod guard;
 pub mod history;
 pub mod ipc;
 pub mod native;
 mod native_pools;
 mod native_snapshot;
 pub mod pool_allocator;
+mod pyerr;
+mod pyser;
+pub mod recording;
 pub mod registry;
 mod reports;
 mod sleep;
 mod stats;
 pub mod trackers;
 
-use std::sync::Mutex;
-
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyType};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt};
 
-use cudamem_alloc::{AllocError, RecordContext};
+use cudamem_alloc::RecordContext;
 use cudamem_device::StreamId;
 
-use registry::RegistryError;
-
-/// A Python callable returning the class to raise for out-of-memory (set by `cudamem/__init__.py`).
-static OOM_CLASS_FACTORY: Mutex<Option<Py<PyAny>>> = Mutex::new(None);
-
-fn oom_error(py: Python<'_>, message: String) -> PyErr {
-    let factory = OOM_CLASS_FACTORY
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-        .map(|f| f.clone_ref(py));
-    if let Some(f) = factory {
-        if let Ok(cls) = f.call0(py) {
-            if let Ok(ty) = cls.into_bound(py).downcast_into::<PyType>() {
-                return PyErr::from_type(ty, message);
-            }
-        }
-    }
-    PyRuntimeError::new_err(message)
-}
-
-pub(crate) fn alloc_err(py: Python<'_>, e: AllocError) -> PyErr {
-    match e {
-        AllocError::OutOfMemory(_) => oom_error(py, e.to_string()),
-        AllocError::InvalidPointer { .. } | AllocError::InvalidArgument(_) | AllocError::Config(_) => {
-            PyValueError::new_err(e.to_string())
-        }
-        _ => PyRuntimeError::new_err(e.to_string()),
-    }
-}
-
-pub(crate) fn reg_err(py: Python<'_>, e: RegistryError) -> PyErr {
-    match e {
-        RegistryError::Alloc(a) => alloc_err(py, a),
-        RegistryError::BadDevice(m) | RegistryError::BadSetting(m) => PyValueError::new_err(m),
-        RegistryError::InUse(m) => PyRuntimeError::new_err(m),
-        e @ RegistryError::Device(_) => PyRuntimeError::new_err(e.to_string()),
-    }
-}
-
-fn ffi_err(py: Python<'_>, e: ffi::CError) -> PyErr {
-    match e.kind {
-        ffi::ERR_OOM => oom_error(py, e.message),
-        ffi::ERR_INVALID => PyValueError::new_err(e.message),
-        _ => PyRuntimeError::new_err(e.message),
-    }
-}
-
-/// A non-negative integer argument: TypeError naming it and the type given when it is not an
-/// int (bool is not; an object with `__index__` is), ValueError when outside [0, 2**64).
-fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
-    let int = if obj.is_instance_of::<PyBool>() {
-        None
-    } else if obj.is_instance_of::<PyInt>() {
-        Some(obj.clone())
-    } else {
-        obj.call_method0("__index__")
-            .ok()
-            .filter(|v| v.is_instance_of::<PyInt>())
-    };
-    let Some(int) = int else {
-        let got = obj.get_type().name()?;
-        return Err(PyTypeError::new_err(format!("{name} must be an int, got {got}")));
-    };
-    int.extract::<u64>()
-        .map_err(|_| PyValueError::new_err(format!("{name} must be an int in [0, 2**64), got {int}")))
-}
-
-fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem_alloc::CachingAllocator> {
-    registry::get_or_create(device).map_err(|e| reg_err(py, e))
-}
-
-/// Checks the ordinal without creating an allocator.
-pub(crate) fn check_device(device: i32) -> PyResult<()> {
-    registry::slot_index(device)
-        .map(|_| ())
-        .map_err(|e| PyValueError::new_err(e.to_string()))
-}
+use pyerr::{alloc_err, allocator, arg_u64, c_err, check_device, reg_err};
 
 /// Allocates `size` bytes on `device` for use on `stream` (a raw `cudaStream_t` value; 0 is the
 /// default stream) and returns the device address (0 for size 0).
@@ -145,19 +79,17 @@ fn malloc(py: Python<'_>, size: &Bound<'_, PyAny>, device: i32, stream: Option<&
         Some(s) => arg_u64(s, "stream")?,
         None => 0,
     };
-    let a = allocator(py, device)?;
+    allocator(py, device)?;
     // With history and stacks on (after allocator(): a new one gets the setting of
     // device=None), the caller's Python stack, gathered with the GIL this call holds.
-    let frames = if history::stack_mode(device) != history::STACKS_NONE {
+    let frames = if recording::stack_mode(device) != recording::STACKS_NONE {
         history::frames_of_current_thread(py)
     } else {
         None
     };
-    py.allow_threads(|| match frames {
-        Some(f) => a.malloc_with_stack(size, StreamId(stream), f),
-        None => a.malloc(size, StreamId(stream)),
-    })
-    .map_err(|e| alloc_err(py, e))
+    let stack = entry::StackSource::Given(frames);
+    py.allow_threads(|| entry::malloc(device, size, StreamId(stream), None, stack, None))
+        .map_err(|e| c_err(py, e))
 }
 
 /// Frees an address returned by `malloc` on `device`.
@@ -166,13 +98,15 @@ fn malloc(py: Python<'_>, size: &Bound<'_, PyAny>, device: i32, stream: Option<&
 fn free(py: Python<'_>, ptr: &Bound<'_, PyAny>, device: i32) -> PyResult<()> {
     let ptr = arg_u64(ptr, "ptr")?;
     check_device(device)?;
-    let frames = if history::stack_mode(device) == history::STACKS_ALL {
+    let frames = if recording::stack_mode(device) == recording::STACKS_ALL {
         history::frames_of_current_thread(py)
     } else {
         None
     };
-    py.allow_threads(|| ffi::free_checked(ptr, device, frames))
-        .map_err(|e| ffi_err(py, e))
+    let stack = entry::StackSource::Given(frames);
+    py.allow_threads(|| entry::free(ptr, entry::Owner::Device(device), stack, None))
+        .map(|_| ())
+        .map_err(|e| c_err(py, e))
 }
 
 /// Marks the allocation at `ptr` as used on `stream` too (PyTorch's `record_stream`).
@@ -185,7 +119,7 @@ fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAn
     match registry::get(device) {
         Some(a) => a
             .record_stream(ptr, StreamId(stream))
-            .map_err(|e| alloc_err(py, ffi::on_device(e, device))),
+            .map_err(|e| alloc_err(py, entry::on_device(e, device))),
         None => Err(PyValueError::new_err(format!(
             "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
         ))),
@@ -251,7 +185,7 @@ fn set_allocator_settings(py: Python<'_>, settings: &str) -> PyResult<()> {
 /// Sets the callable that returns the exception class raised for out-of-memory.
 #[pyfunction]
 fn _set_oom_class_factory(factory: Py<PyAny>) {
-    *OOM_CLASS_FACTORY.lock().unwrap_or_else(|e| e.into_inner()) = Some(factory);
+    pyerr::set_oom_class_factory(factory);
 }
 
 /// Sets how the C function `cudamem_malloc` reports failures (0 print + NULL, 1 throw, 2 abort)
@@ -277,7 +211,7 @@ fn _set_error_thrower(address: u64) {
 /// The calling thread's last C-ABI error: (kind, message).
 #[pyfunction]
 fn last_error() -> (i32, String) {
-    ffi::last_error()
+    guard::last_error()
 }
 
 /// How many frees through the C ABI named a pointer cudamem did not hand out.
@@ -336,7 +270,7 @@ fn record_memory_history(
     if let Some(d) = device {
         check_device(d)?;
     }
-    let settings = history::HistorySettings {
+    let settings = recording::HistorySettings {
         enabled: enabled.is_some(),
         context: if enabled.is_some() {
             context
@@ -415,7 +349,7 @@ fn annotate(name: &str, stage: &str, device: Option<i32>) -> PyResult<()> {
 /// and frees.
 #[pyfunction]
 fn _stack_mode(device: i32) -> u8 {
-    history::stack_mode(device)
+    recording::stack_mode(device)
 }
 
 /// The calling thread's Python stack as cudamem records it: [(name, filename, line)], innermost
@@ -429,21 +363,27 @@ fn _python_frames(py: Python<'_>) -> Vec<(String, String, i64)> {
         .collect()
 }
 
+/// Whether any device records cudamem's own history (`record_memory_history`).
+#[pyfunction]
+fn _recording() -> bool {
+    history::any_recording()
+}
+
 /// Called at interpreter exit (atexit): stop gathering Python stacks.
 #[pyfunction]
 fn _at_exit() {
-    history::stop_gathering();
+    recording::stop_gathering();
 }
 
 #[pymodule]
 fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_DEVICES", registry::MAX_DEVICES)?;
-    m.add("ERR_NONE", ffi::ERR_NONE)?;
-    m.add("ERR_OOM", ffi::ERR_OOM)?;
-    m.add("ERR_INVALID", ffi::ERR_INVALID)?;
-    m.add("ERR_DEVICE", ffi::ERR_DEVICE)?;
-    m.add("ERR_INTERNAL", ffi::ERR_INTERNAL)?;
+    m.add("ERR_NONE", guard::ERR_NONE)?;
+    m.add("ERR_OOM", guard::ERR_OOM)?;
+    m.add("ERR_INVALID", guard::ERR_INVALID)?;
+    m.add("ERR_DEVICE", guard::ERR_DEVICE)?;
+    m.add("ERR_INTERNAL", guard::ERR_INTERNAL)?;
     m.add("MODE_RETURN_NULL", ffi::MODE_RETURN_NULL)?;
     m.add("MODE_THROW", ffi::MODE_THROW)?;
     m.add("MODE_ABORT", ffi::MODE_ABORT)?;
@@ -478,6 +418,7 @@ fn _cudamem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_stack_mode, m)?)?;
     m.add_function(wrap_pyfunction!(_python_frames, m)?)?;
     m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(_recording, m)?)?;
     m.add("MAX_FRAMES", history::MAX_FRAMES)?;
     reports::register(m)?;
     estimate::register(m)?;

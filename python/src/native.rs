@@ -8,117 +8,29 @@
 //! checked by the C++ side together with its size), so a library built for another version
 //! is refused instead of called wrongly.
 //!
-//! Rules, as for [`crate::ffi`]: no panic crosses the boundary (each body runs in
-//! `catch_unwind`); a failure returns an error kind (`ffi::ERR_*`, 0 for success) and leaves
-//! its message as the thread's last error (`cudamem_last_error`), which the C++ side turns
-//! into `c10::OutOfMemoryError` or `c10::Error`. Pool ids are PyTorch's `MempoolId_t` halves.
+//! Rules, as for [`crate::ffi`]: no panic crosses the boundary (each body runs under the panic
+//! guard of [`crate::guard`]); a failure returns an error kind (`ERR_*`, 0 for success) and
+//! leaves its message as the thread's last error (`cudamem_last_error`), which the C++ side
+//! turns into `c10::OutOfMemoryError` or `c10::Error`. Allocation and free are the bodies of
+//! [`crate::entry`], shared with the pluggable path and the Python functions. Pool ids are PyTorch's `MempoolId_t` halves.
 //! A private pool's slot is what `pool_begin` returns; the C++ side, which owns PyTorch's
 //! stream filters, passes it with every allocation the filter sends to that pool (−1: none).
 
 use std::ffi::{c_char, c_double, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use cudamem_alloc::DeviceStats;
 use cudamem_alloc::PoolSlot;
-use cudamem_alloc::{AllocError, CachingAllocator, DeviceStats, RecordContext};
 use cudamem_device::StreamId;
 
-use crate::ffi::{self, ERR_INTERNAL, ERR_INVALID, ERR_NONE};
+use crate::abi::{NativeApi, NATIVE_API_VERSION, STATS_LEN};
+use crate::entry::{self, alloc, Owner, StackSource, Usage};
+use crate::guard::{fail, run, CError, ERR_NONE};
 use crate::history;
 use crate::ipc;
 use crate::native_pools;
 use crate::pool_allocator;
 use crate::registry;
 use crate::trackers;
-
-/// The version of [`NativeApi`]; the C++ side checks it.
-pub const NATIVE_API_VERSION: u32 = 9;
-
-/// The number of values `stats` writes: c10's `DeviceStats`, in its order.
-pub const STATS_LEN: usize = 9 * 3 * 4 + 2 + 4 + 4 + 4;
-
-/// `(ctx, address, size)`: how a checkpoint restore reports each pointer.
-pub type PtrSink = unsafe extern "C" fn(*mut c_void, u64, u64);
-
-/// The functions the C++ allocator calls. Field order is the C++ struct's order.
-#[repr(C)]
-pub struct NativeApi {
-    pub version: u32,
-    pub size: u32,
-    /// `(device, size, stream, slot, info[3]) -> ptr`; info: block size, then allocated and
-    /// reserved bytes when `info[0]` was nonzero on entry (the profiler wants them).
-    pub malloc: unsafe extern "C-unwind" fn(c_int, usize, *mut c_void, c_int, *mut u64) -> *mut c_void,
-    /// `(ptr, info[4]) -> kind`; info as for `malloc` (block size freed), then the device.
-    pub free: unsafe extern "C-unwind" fn(*mut c_void, *mut u64) -> c_int,
-    pub record_stream: extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-    /// `(pool_a, pool_b) -> kind`: (0, 0) empties every device's default pools.
-    pub empty_cache: extern "C" fn(u64, u64) -> c_int,
-    /// `(device, out, len) -> kind`: [`STATS_LEN`] values.
-    pub stats: unsafe extern "C" fn(c_int, *mut i64, usize) -> c_int,
-    pub reset_peak: extern "C" fn(c_int),
-    pub reset_accumulated: extern "C" fn(c_int),
-    pub set_fraction: extern "C" fn(c_int, c_double) -> c_int,
-    pub get_fraction: extern "C" fn(c_int) -> c_double,
-    pub largest_free: extern "C" fn(c_int) -> u64,
-    /// `(ptr, size_out) -> base`, NULL with an error kind in `size_out`'s place unset.
-    pub base_allocation: unsafe extern "C" fn(*mut c_void, *mut u64) -> *mut c_void,
-    pub pool_create: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// `(device, a, b, slot_out) -> kind`.
-    pub pool_begin: unsafe extern "C" fn(c_int, u64, u64, *mut c_int) -> c_int,
-    pub pool_end: extern "C" fn(c_int, u64, u64) -> c_int,
-    pub pool_release: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// Uses of the pool; 0 for an unknown one (as PyTorch answers).
-    pub pool_use_count: extern "C" fn(c_int, u64, u64) -> c_int,
-    /// `(device, a, b, ptrs, n) -> 1 | 0 | -kind`.
-    pub pool_check_live: unsafe extern "C" fn(c_int, u64, u64, *const u64, usize) -> c_int,
-    pub pool_set_use_on_oom: extern "C" fn(c_int, u64, u64, c_int) -> c_int,
-    /// `(device, a, b) -> checkpoint` (NULL on error); freed with `checkpoint_free`.
-    pub checkpoint_get: extern "C" fn(c_int, u64, u64) -> *mut c_void,
-    pub checkpoint_free: unsafe extern "C" fn(*mut c_void),
-    /// `(device, checkpoint, ctx, on_freed, on_allocated) -> kind`.
-    pub checkpoint_restore: unsafe extern "C" fn(c_int, *const c_void, *mut c_void, PtrSink, PtrSink) -> c_int,
-    /// `(settings) -> kind`: a `PYTORCH_CUDA_ALLOC_CONF`-style string applied to every device.
-    pub set_settings: unsafe extern "C" fn(*const c_char) -> c_int,
-    /// `(device, out[2])`: allocated and reserved bytes.
-    pub totals: unsafe extern "C" fn(c_int, *mut u64),
-    /// `(enabled, context, max_entries, clear) -> kind`: c10's `recordHistory` for every
-    /// device; `context` is c10's `RecordContext` (0 never .. 3 all). Stacks are Python's.
-    pub record_history: extern "C" fn(c_int, c_int, u64, c_int) -> c_int,
-    /// Whether any device records its history.
-    pub history_enabled: extern "C" fn() -> c_int,
-    /// `(ctx, on_segment, on_block) -> kind`: every device's segments, each followed by its
-    /// blocks (c10's `SnapshotInfo.segments`).
-    pub snapshot: unsafe extern "C" fn(*mut c_void, SegmentSink, BlockSink) -> c_int,
-    /// `(ptr, ctx, sink, offset_out) -> kind`: `shareIpcHandle` (see [`crate::ipc`]).
-    pub ipc_share: unsafe extern "C" fn(*mut c_void, *mut c_void, ipc::ByteSink, *mut u64) -> c_int,
-    /// `(device, bytes, len, ptr_out, opened_out) -> kind`: `getIpcDevPtr`.
-    pub ipc_open: unsafe extern "C" fn(c_int, *const u8, usize, *mut u64, *mut c_int) -> c_int,
-    /// `(device, ptr, opened) -> kind`: the deleter of what `ipc_open` returned.
-    pub ipc_close: extern "C" fn(c_int, u64, c_int) -> c_int,
-    /// `(ctx, hook or NULL) -> kind`: every event to the class's trackers and torch history
-    /// (see [`crate::trackers`]).
-    pub set_trace_hook: unsafe extern "C" fn(*mut c_void, Option<trackers::TraceHook>) -> c_int,
-    /// `(device, a, b, ctx, alloc, free, drop) -> kind`: a `MemPool` with an allocator of its own
-    /// (see [`crate::pool_allocator`]).
-    pub pool_create_with: unsafe extern "C" fn(
-        c_int,
-        u64,
-        u64,
-        *mut c_void,
-        pool_allocator::AllocFn,
-        pool_allocator::FreeFn,
-        pool_allocator::DropFn,
-    ) -> c_int,
-    /// `(ptr, out, cap) -> n`: the streams of a block freed during a capture that waits for
-    /// other streams' uses, its allocation stream first (at most `cap` written; `n` is the
-    /// count); -1 for any other pointer or with `graph_capture_record_stream_reuse` off.
-    pub deferred_streams: unsafe extern "C" fn(*mut c_void, *mut u64, usize) -> c_int,
-    /// `(ptr) -> kind`: that block back to its pool now (the capture's graph orders its uses).
-    pub release_deferred: extern "C" fn(*mut c_void) -> c_int,
-    /// `(device, id.0, id.1) -> kind`: the pool never splits a block (`MemPool(no_split=True)`).
-    pub pool_set_no_split: extern "C" fn(c_int, u64, u64) -> c_int,
-}
-
-pub use crate::native_snapshot::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
 
 static API: NativeApi = NativeApi {
     version: NATIVE_API_VERSION,
@@ -146,7 +58,6 @@ static API: NativeApi = NativeApi {
     checkpoint_restore: native_pools::nat_checkpoint_restore,
     set_settings: nat_set_settings,
     totals: nat_totals,
-    record_history: nat_record_history,
     history_enabled: nat_history_enabled,
     snapshot: crate::native_snapshot::nat_snapshot,
     ipc_share: ipc::nat_ipc_share,
@@ -165,40 +76,7 @@ pub extern "C" fn cudamem_native_api() -> *const NativeApi {
     &API
 }
 
-/// Runs `f` under `catch_unwind`; an error or a panic becomes the thread's last error and its
-/// kind is returned.
-pub(crate) fn run(what: &str, f: impl FnOnce() -> Result<(), ffi::CError>) -> c_int {
-    let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => Err(ffi::CError {
-            kind: ERR_INTERNAL,
-            message: format!("cudamem: internal error in {what}"),
-        }),
-    };
-    match r {
-        Ok(()) => ERR_NONE,
-        Err(e) => {
-            ffi::set_last_error(e.kind, &e.message);
-            e.kind
-        }
-    }
-}
-
-pub(crate) fn alloc(device: c_int) -> Result<&'static CachingAllocator, ffi::CError> {
-    Ok(registry::get_or_create(device)?)
-}
-
-pub(crate) fn aerr(e: AllocError) -> ffi::CError {
-    ffi::alloc_error(&e)
-}
-
-/// The allocator that handed out `ptr`.
-pub(crate) fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
-    if let Some(one) = registry::sole() {
-        return Some(one); // its free says whether the pointer is its own
-    }
-    registry::existing().find(|(_, a)| a.lock().owns(ptr))
-}
+const _: crate::abi::NativeApiFn = cudamem_native_api;
 
 unsafe extern "C-unwind" fn nat_malloc(
     device: c_int,
@@ -208,85 +86,49 @@ unsafe extern "C-unwind" fn nat_malloc(
     info: *mut u64,
 ) -> *mut c_void {
     // SAFETY (all of `info` here): the caller passes 3 writable u64.
-    let want_totals = unsafe { *info } != 0;
-    let a = match alloc(device) {
-        Ok(a) => a,
-        Err(e) => {
-            ffi::set_last_error(e.kind, &e.message);
-            return std::ptr::null_mut();
-        }
-    };
-    // Outside catch_unwind and before locking: see ffi::frames_for.
-    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALLOC);
-    let mut out = [0u64; 3];
-    let mut ptr = 0u64;
-    let kind = run("malloc", || {
-        let mut e = a.lock();
-        let with_stack = frames.is_some();
-        if let Some(f) = frames {
-            e.set_current_stack(Some(f));
-        }
-        let stream = StreamId(stream as u64);
-        let r = if slot >= 0 {
-            e.malloc_in_pool(size as u64, stream, PoolSlot(slot as u16))
-        } else {
-            e.malloc(size as u64, stream)
-        };
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        ptr = r.map_err(aerr)?;
-        out[0] = e.allocation_size(ptr).unwrap_or(0);
-        if want_totals {
-            (out[1], out[2]) = e.allocated_and_reserved();
-        }
-        Ok(())
-    });
+    let profiling = unsafe { *info } != 0;
+    let mut usage = Usage::default();
+    let slot = u16::try_from(slot).ok().map(PoolSlot);
+    let r = entry::malloc(
+        device,
+        size as u64,
+        StreamId(stream as u64),
+        slot,
+        StackSource::Gather,
+        profiling.then_some(&mut usage),
+    );
+    let out = [usage.block, usage.allocated, usage.reserved];
     unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 3) };
-    if kind != ERR_NONE {
-        return std::ptr::null_mut();
+    match r {
+        Ok(p) => p as *mut c_void,
+        Err(e) => {
+            fail(&e);
+            std::ptr::null_mut()
+        }
     }
-    ptr as *mut c_void
 }
 
 unsafe extern "C-unwind" fn nat_free(ptr: *mut c_void, info: *mut u64) -> c_int {
     // SAFETY (all of `info` here): the caller passes 4 writable u64.
-    let want_totals = unsafe { *info } != 0;
-    let ptr = ptr as u64;
-    let Some((device, a)) = owner_of(ptr) else {
-        ffi::set_last_error(
-            ERR_INVALID,
-            &format!("invalid device pointer: {ptr:#x} (no allocator exists)"),
-        );
-        return ERR_INVALID;
-    };
-    let frames = ffi::frames_for(device, ffi::StackSource::Gather, history::STACKS_ALL);
-    let mut out = [0u64, 0, 0, device as u64];
-    let kind = run("free", || {
-        let mut e = a.lock();
-        if want_totals {
-            out[0] = e.allocation_size(ptr).unwrap_or(0); // the profiler's delta
-        }
-        let with_stack = frames.is_some();
-        if let Some(f) = frames {
-            e.set_current_stack(Some(f));
-        }
-        let r = e.free(ptr);
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        r.map_err(aerr)?;
-        if want_totals {
-            (out[1], out[2]) = e.allocated_and_reserved();
-        }
-        Ok(())
-    });
+    let profiling = unsafe { *info } != 0;
+    let mut usage = Usage::default();
+    let r = entry::free(
+        ptr as u64,
+        Owner::Find,
+        StackSource::Gather,
+        profiling.then_some(&mut usage),
+    );
+    let device = *r.as_ref().unwrap_or(&0);
+    let out = [usage.block, usage.allocated, usage.reserved, device as u64];
     unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), info, 4) };
-    kind
+    match r {
+        Ok(_) => ERR_NONE,
+        Err(e) => fail(&e),
+    }
 }
 
 extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int {
-    run("record_stream", || ffi::record_stream_any(ptr as u64, stream as u64))
+    run("record_stream", || entry::record_stream_any(ptr as u64, stream as u64))
 }
 
 extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
@@ -294,9 +136,9 @@ extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
         for (_, a) in registry::existing() {
             let mut e = a.lock();
             if (pa, pb) == (0, 0) {
-                e.empty_cache().map_err(aerr)?;
+                e.empty_cache().map_err(CError::from)?;
             } else if e.pool_use_count((pa, pb)).is_some() {
-                e.empty_pool_cache((pa, pb)).map_err(aerr)?;
+                e.empty_pool_cache((pa, pb)).map_err(CError::from)?;
             }
         }
         Ok(())
@@ -342,10 +184,9 @@ pub fn flatten_stats(s: &DeviceStats) -> Vec<i64> {
 unsafe extern "C" fn nat_stats(device: c_int, out: *mut i64, len: usize) -> c_int {
     run("stats", || {
         if len != STATS_LEN {
-            return Err(ffi::CError {
-                kind: ERR_INVALID,
-                message: format!("cudamem: stats wants {STATS_LEN} values, the caller has {len}"),
-            });
+            return Err(CError::invalid(format!(
+                "cudamem: stats wants {STATS_LEN} values, the caller has {len}"
+            )));
         }
         registry::slot_index(device)?;
         // A device nothing was allocated on has zero stats (asking must not open it).
@@ -371,7 +212,7 @@ extern "C" fn nat_reset_accumulated(device: c_int) {
 
 extern "C" fn nat_set_fraction(device: c_int, fraction: c_double) -> c_int {
     run("set_memory_fraction", || {
-        alloc(device)?.set_memory_fraction(fraction).map_err(aerr)
+        alloc(device)?.set_memory_fraction(fraction).map_err(CError::from)
     })
 }
 
@@ -387,17 +228,17 @@ unsafe extern "C" fn nat_base_allocation(ptr: *mut c_void, size: *mut u64) -> *m
     let mut base = 0u64;
     let kind = run("get_base_allocation", || {
         for (_, a) in registry::existing() {
-            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(aerr)? {
+            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(CError::from)? {
                 base = b;
                 // SAFETY: the caller passes a writable u64.
                 unsafe { *size = s };
                 return Ok(());
             }
         }
-        Err(ffi::CError {
-            kind: ERR_INVALID,
-            message: format!("invalid device pointer: {:#x} (not in any cudamem segment)", ptr as u64),
-        })
+        Err(CError::invalid(format!(
+            "invalid device pointer: {:#x} (not in any cudamem segment)",
+            ptr as u64
+        )))
     });
     if kind != ERR_NONE {
         return std::ptr::null_mut();
@@ -423,32 +264,8 @@ unsafe extern "C" fn nat_totals(device: c_int, out: *mut u64) {
     }
 }
 
-extern "C" fn nat_record_history(enabled: c_int, context: c_int, max_entries: u64, clear: c_int) -> c_int {
-    run("record_history", || {
-        let context = match context {
-            0 => RecordContext::Never,
-            1 => RecordContext::State,
-            2 => RecordContext::Alloc,
-            3 => RecordContext::All,
-            other => {
-                return Err(ffi::CError {
-                    kind: ERR_INVALID,
-                    message: format!("cudamem: unknown record context {other} (c10's RecordContext is 0..3)"),
-                })
-            }
-        };
-        let s = history::HistorySettings {
-            enabled: enabled != 0,
-            context,
-            max_entries: usize::try_from(max_entries).unwrap_or(usize::MAX).max(1),
-        };
-        history::set_history(None, s, clear != 0)?;
-        Ok(())
-    })
-}
-
 extern "C" fn nat_history_enabled() -> c_int {
-    registry::existing().any(|(d, _)| history::is_recording(d)) as c_int
+    history::any_recording() as c_int
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! # Private pools through the C ABI of the native torch allocator
 //!
-//! The entries of [`crate::native::NativeApi`] for CUDA-graph and `MemPool` pools: create, begin
+//! The entries of [`crate::abi::NativeApi`] for CUDA-graph and `MemPool` pools: create, begin
 //! and end allocating to one, release, use counts, live-allocation checks, `use_on_oom` and
 //! `no_split`, torch.compile's checkpoints, and the blocks freed during a capture that wait for
 //! other streams (`graph_capture_record_stream_reuse`). The rules are [`crate::native`]'s: no
@@ -13,8 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudamem_alloc::PoolCheckpoint;
 
-use crate::ffi::{self, ERR_INVALID, ERR_NONE};
-use crate::native::{aerr, alloc, run, PtrSink};
+use crate::abi::PtrSink;
+use crate::entry::alloc;
+use crate::guard::{run, CError, ERR_NONE};
 use crate::registry;
 
 pub(crate) unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {
@@ -37,26 +38,31 @@ pub(crate) extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
         for (_, a) in registry::existing() {
             let mut e = a.lock();
             if e.deferred_streams(ptr).is_some() {
-                return e.release_deferred(ptr).map_err(aerr);
+                return e.release_deferred(ptr).map_err(CError::from);
             }
         }
-        Err(ffi::CError {
-            kind: ERR_INVALID,
-            message: format!("{ptr:#x} is not a block waiting, freed during a capture, for other streams"),
-        })
+        Err(CError::invalid(format!(
+            "{ptr:#x} is not a block waiting, freed during a capture, for other streams"
+        )))
     })
 }
 
 pub(crate) extern "C" fn nat_pool_create(device: c_int, a: u64, b: u64) -> c_int {
     run("create_or_incref_pool", || {
-        alloc(device)?.lock().create_or_incref_pool((a, b)).map_err(aerr)?;
+        alloc(device)?
+            .lock()
+            .create_or_incref_pool((a, b))
+            .map_err(CError::from)?;
         Ok(())
     })
 }
 
 pub(crate) unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, slot: *mut c_int) -> c_int {
     run("begin_allocate_to_pool", || {
-        let s = alloc(device)?.lock().begin_allocate_to_pool((a, b)).map_err(aerr)?;
+        let s = alloc(device)?
+            .lock()
+            .begin_allocate_to_pool((a, b))
+            .map_err(CError::from)?;
         // SAFETY: the caller passes a writable int.
         unsafe { *slot = s.0 as c_int };
         Ok(())
@@ -65,13 +71,13 @@ pub(crate) unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, sl
 
 pub(crate) extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
     run("end_allocate_to_pool", || {
-        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(aerr)
+        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(CError::from)
     })
 }
 
 pub(crate) extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
     run("release_pool", || {
-        alloc(device)?.lock().release_pool((a, b)).map_err(aerr)
+        alloc(device)?.lock().release_pool((a, b)).map_err(CError::from)
     })
 }
 
@@ -98,7 +104,7 @@ pub(crate) unsafe extern "C" fn nat_pool_check_live(
         answer = alloc(device)?
             .lock()
             .check_pool_live_allocations((a, b), &expected)
-            .map_err(aerr)?;
+            .map_err(CError::from)?;
         Ok(())
     });
     match kind {
@@ -109,20 +115,23 @@ pub(crate) unsafe extern "C" fn nat_pool_check_live(
 
 pub(crate) extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
     run("set_use_on_oom", || {
-        alloc(device)?.lock().set_use_on_oom((a, b), on != 0).map_err(aerr)
+        alloc(device)?
+            .lock()
+            .set_use_on_oom((a, b), on != 0)
+            .map_err(CError::from)
     })
 }
 
 pub(crate) extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
     run("set_no_split", || {
-        alloc(device)?.lock().set_no_split((a, b)).map_err(aerr)
+        alloc(device)?.lock().set_no_split((a, b)).map_err(CError::from)
     })
 }
 
 pub(crate) extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {
     let mut cp = None;
     run("get_checkpoint_state", || {
-        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(aerr)?);
+        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(CError::from)?);
         Ok(())
     });
     cp.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)).cast())
@@ -147,7 +156,12 @@ pub(crate) unsafe extern "C" fn nat_checkpoint_restore(
     let kind = run("set_checkpoint_pool_state", || {
         // SAFETY: `cp` came from `nat_checkpoint_get` and is alive (the caller owns it).
         let cp = unsafe { &*cp.cast::<PoolCheckpoint>() };
-        delta = Some(alloc(device)?.lock().restore_pool_checkpoint(cp).map_err(aerr)?);
+        delta = Some(
+            alloc(device)?
+                .lock()
+                .restore_pool_checkpoint(cp)
+                .map_err(CError::from)?,
+        );
         Ok(())
     });
     // The callbacks run after the lock is given back (they build torch objects).

@@ -6,38 +6,9 @@
 
 use std::ffi::{c_int, c_void};
 
+use crate::abi::{BlockRecord, BlockSink, SegmentRecord, SegmentSink};
+use crate::guard::run;
 use crate::history;
-use crate::native::run;
-
-/// One segment of a snapshot, as c10's `SegmentInfo` wants it.
-#[repr(C)]
-pub struct SegmentRecord {
-    pub device: c_int,
-    pub is_large: c_int,
-    pub is_expandable: c_int,
-    pub address: u64,
-    pub total_size: u64,
-    pub requested_size: u64,
-    pub allocated_size: u64,
-    pub active_size: u64,
-    pub stream: u64,
-    pub pool_a: u64,
-    pub pool_b: u64,
-}
-
-/// One block of a snapshot, as c10's `BlockInfo` wants it.
-#[repr(C)]
-pub struct BlockRecord {
-    pub size: u64,
-    pub requested_size: u64,
-    pub allocated: c_int,
-    pub active: c_int,
-}
-
-/// Receives each segment of a snapshot.
-pub type SegmentSink = unsafe extern "C" fn(*mut c_void, *const SegmentRecord);
-/// Receives each block of the segment last received.
-pub type BlockSink = unsafe extern "C" fn(*mut c_void, *const BlockRecord);
 
 /// `(ctx, on_segment, on_block) -> kind`: the table's `snapshot`.
 pub(crate) unsafe extern "C" fn nat_snapshot(ctx: *mut c_void, on_segment: SegmentSink, on_block: BlockSink) -> c_int {

@@ -13,22 +13,17 @@ use std::sync::Arc;
 use cudamem_device::ipc::{ExportedMapping, ImportedPart, IPC_HANDLE_SIZE};
 use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, StreamId};
 
-use crate::native::{aerr, alloc, run};
-
-/// `(ctx, size, device) -> ptr` (NULL: out of memory).
-pub type AllocFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> *mut c_void;
-/// `(ctx, ptr, size, device)`.
-pub type FreeFn = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int);
-/// `(ctx)`: the context is not used any more.
-pub type DropFn = unsafe extern "C" fn(*mut c_void);
+use crate::abi::{PoolAllocFn, PoolDropFn, PoolFreeFn};
+use crate::entry::alloc;
+use crate::guard::{run, CError};
 
 /// A pool's segments from torch's allocator; everything else from `inner`.
 #[derive(Debug)]
 struct PoolAllocator {
     ctx: usize,
-    alloc: AllocFn,
-    free: FreeFn,
-    drop: DropFn,
+    alloc: PoolAllocFn,
+    free: PoolFreeFn,
+    drop: PoolDropFn,
     inner: Arc<dyn Device>,
 }
 
@@ -143,9 +138,9 @@ pub(crate) unsafe extern "C" fn nat_pool_create_with(
     a: u64,
     b: u64,
     ctx: *mut c_void,
-    alloc_fn: AllocFn,
-    free_fn: FreeFn,
-    drop_fn: DropFn,
+    alloc_fn: PoolAllocFn,
+    free_fn: PoolFreeFn,
+    drop_fn: PoolDropFn,
 ) -> c_int {
     let ctx = ctx as usize;
     run("create_or_incref_pool", || {
@@ -168,7 +163,7 @@ pub(crate) unsafe extern "C" fn nat_pool_create_with(
         owner
             .lock()
             .create_or_incref_pool_with((a, b), Some(segments))
-            .map_err(aerr)?;
+            .map_err(CError::from)?;
         Ok(())
     })
 }

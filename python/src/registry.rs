@@ -28,7 +28,7 @@ use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::DeviceError;
 
 /// The number of device ordinals the registry serves (0 .. MAX_DEVICES).
-pub const MAX_DEVICES: usize = 64;
+pub use crate::recording::MAX_DEVICES;
 
 /// The policy used when neither [`configure`] nor `CUDAMEM_POLICY` names one.
 pub const DEFAULT_POLICY: &str = "cudamem";
@@ -138,7 +138,7 @@ pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryE
         cudamem::Allocator::on_device(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
     // Memory history set for every device (record_memory_history(device=None)) applies to
     // allocators created later too; under CREATE, so that no setting is missed.
-    crate::history::on_new_allocator(device, alloc.caching_allocator());
+    crate::recording::on_new_allocator(device, alloc.caching_allocator());
     if let Some(o) = lock_observer().clone() {
         alloc.caching_allocator().lock().set_trace_observer(Some(o));
     }

@@ -16,8 +16,8 @@ use crate::registry;
 fn targets(device: Option<i32>) -> PyResult<Vec<&'static CachingAllocator>> {
     Ok(match device {
         Some(d) => {
-            crate::check_device(d)?;
-            vec![registry::get_or_create(d).map_err(|e| Python::with_gil(|py| crate::reg_err(py, e)))?]
+            crate::pyerr::check_device(d)?;
+            vec![registry::get_or_create(d).map_err(|e| Python::with_gil(|py| crate::pyerr::reg_err(py, e)))?]
         }
         None => registry::existing().map(|(_, a)| a).collect(),
     })
@@ -30,7 +30,7 @@ fn targets(device: Option<i32>) -> PyResult<Vec<&'static CachingAllocator>> {
 fn _set_tag(py: Python<'_>, tag: Option<&str>, device: Option<i32>) -> PyResult<Option<String>> {
     let mut before = None;
     for (i, a) in targets(device)?.into_iter().enumerate() {
-        let b = a.set_tag(tag).map_err(|e| crate::alloc_err(py, e))?;
+        let b = a.set_tag(tag).map_err(|e| crate::pyerr::alloc_err(py, e))?;
         if i == 0 {
             before = b;
         }
@@ -45,7 +45,7 @@ fn _sleep(py: Python<'_>, tags: Vec<String>, offload: bool, device: Option<i32>)
     let names: Vec<&str> = tags.iter().map(String::as_str).collect();
     for a in targets(device)? {
         py.allow_threads(|| a.sleep(&names, offload))
-            .map_err(|e| crate::alloc_err(py, e))?;
+            .map_err(|e| crate::pyerr::alloc_err(py, e))?;
     }
     Ok(())
 }
@@ -57,7 +57,7 @@ fn _wake(py: Python<'_>, tags: Vec<String>, device: Option<i32>) -> PyResult<()>
     let names: Vec<&str> = tags.iter().map(String::as_str).collect();
     for a in targets(device)? {
         py.allow_threads(|| a.wake(&names))
-            .map_err(|e| crate::alloc_err(py, e))?;
+            .map_err(|e| crate::pyerr::alloc_err(py, e))?;
     }
     Ok(())
 }
@@ -65,7 +65,7 @@ fn _wake(py: Python<'_>, tags: Vec<String>, device: Option<i32>) -> PyResult<()>
 /// The sleep counters and every tag's state of `device`'s allocator (zeros if it has none).
 #[pyfunction]
 fn _sleep_stats(py: Python<'_>, device: i32) -> PyResult<Py<PyDict>> {
-    crate::check_device(device)?;
+    crate::pyerr::check_device(device)?;
     let d = PyDict::new(py);
     let Some(a) = registry::get(device) else {
         return Ok(d.unbind());

@@ -13,7 +13,8 @@ use pyo3::types::PyDict;
 
 use cudamem_alloc::StatsDict;
 
-use crate::{alloc_err, allocator, check_device, ffi, registry};
+use crate::pyerr::{alloc_err, allocator, check_device};
+use crate::{ffi, registry};
 
 /// The stats of `device`; all zero (and no device opened) before its first use.
 fn stats_dict(device: i32) -> PyResult<StatsDict> {

@@ -14,11 +14,9 @@ use std::sync::Arc;
 use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
 
-use crate::native::run;
+use crate::abi::TraceHook;
+use crate::guard::run;
 use crate::registry;
-
-/// `(ctx, device, action, addr, size, stream)`; `action` is c10's `TraceEntry::Action`.
-pub type TraceHook = unsafe extern "C" fn(*mut c_void, c_int, c_int, u64, u64, u64);
 
 /// c10's `TraceEntry::Action` for a history action, if it has one.
 fn c10_action(a: Action) -> Option<c_int> {

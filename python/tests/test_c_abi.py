@@ -200,3 +200,74 @@ def test_shim_throws_out_of_memory(tmp_path, dev, lib):
     # Size 0: NULL, no exception.
     assert harness.harness_malloc(torch_malloc, 0, dev, ctypes.byref(out), msg, len(msg)) == 0
     assert out.value is None
+
+
+# ------------------------------------------------------------------------------------------
+# The native class's function table (through the generated header, as the class calls it)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("no g++")
+    shim_dir = Path(cudamem_torch.shim_source()).parent
+    h = ctypes.CDLL(_compile(tmp_path_factory.mktemp("table"), HERE / "table_harness.cpp", "table.so",
+                             [f"-I{shim_dir}"]))
+    u64x4 = ctypes.c_uint64 * 4
+    h.table_matches.argtypes = [ctypes.c_void_p]
+    h.table_malloc.restype = ctypes.c_void_p
+    h.table_malloc.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, u64x4]
+    h.table_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, u64x4]
+    rust = ctypes.CDLL(cudamem.library_path())
+    rust.cudamem_native_api.restype = ctypes.c_void_p
+    rust.cudamem_last_error.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    api = rust.cudamem_native_api()
+    assert h.table_matches(api) == 0, "the table is not the one cudamem_abi.h declares"
+
+    def last_error():
+        buf = ctypes.create_string_buffer(4096)
+        kind = rust.cudamem_last_error(buf, len(buf))
+        return kind, buf.value.decode()
+
+    return h, api, u64x4, last_error
+
+
+def test_the_tables_malloc_and_free_report_what_the_profiler_asks_for(dev, table):
+    h, api, u64x4, _ = table
+    info = u64x4()
+    p = h.table_malloc(api, dev, 3 * MiB + 1, 1, info)
+    assert p
+    block = info[0]
+    assert 3 * MiB + 1 <= block < 4 * MiB
+    assert (info[1], info[2]) == (cudamem.memory_allocated(dev), cudamem.memory_reserved(dev))
+    assert info[1] == block
+    # Without profiling nothing more is read.
+    info = u64x4()
+    q = h.table_malloc(api, dev, MiB, 0, info)
+    assert q and list(info)[:3] == [0, 0, 0]
+    assert cudamem.memory_allocated(dev) == block + MiB
+
+    info = u64x4()
+    assert h.table_free(api, p, 1, info) == 0
+    assert info[0] == block and info[3] == dev
+    assert (info[1], info[2]) == (cudamem.memory_allocated(dev), cudamem.memory_reserved(dev)) == (MiB, info[2])
+    info = u64x4()
+    assert h.table_free(api, q, 0, info) == 0
+    assert list(info) == [0, 0, 0, dev]
+    assert cudamem.memory_allocated(dev) == 0
+
+
+def test_the_tables_failures_leave_their_kind_and_message(dev, table):
+    h, api, u64x4, last_error = table
+    info = u64x4()
+    assert h.table_malloc(api, dev, 10**13, 0, info) is None
+    kind, msg = last_error()
+    assert kind == h.table_err_oom() and msg.startswith("CUDA out of memory. Tried to allocate")
+    assert h.table_malloc(api, -1, 16, 0, info) is None
+    kind, msg = last_error()
+    assert kind == h.table_err_invalid() and "invalid device -1" in msg
+    cudamem.free(cudamem.malloc(MiB, device=dev), device=dev)  # an allocator exists
+    assert h.table_free(api, 0xDEAD000, 0, info) == h.table_err_invalid()
+    kind, msg = last_error()
+    assert kind == h.table_err_invalid() and "invalid device pointer: 0xdead000" in msg

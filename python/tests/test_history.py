@@ -452,6 +452,93 @@ def test_the_rust_reader_and_writer_round_trip_the_snapshot(dev):
     cudamem.free(ptrs[2], dev)
 
 
+def _allocate_there(dev, size):
+    return cudamem.malloc(size, dev)  # another stack, with the same caller frames
+
+
+def test_the_snapshot_dict_is_the_pickle_writers_schema_with_shared_frames(dev):
+    cudamem.record_memory_history(device=dev)
+    p = _allocate_here(dev, MiB)
+    q = _allocate_there(dev, MiB)
+    cudamem.free(p, dev)
+    cudamem.annotate("mark", device=dev)
+    snap = cudamem.snapshot(dev)
+    written = pickle.loads(_cudamem._snapshot_pickle(dev))  # the one writer's bytes
+    assert list(written) == list(snap)
+    for key in ("segments", "allocator_settings", "external_annotations"):
+        assert written[key] == snap[key], key
+    traces = snap["device_traces"][dev]
+    # The pickle was taken later: one more "snapshot" entry, the rest equal, in the same order.
+    assert written["device_traces"][dev][: len(traces)] == traces
+    assert [list(e) for e in written["device_traces"][dev][: len(traces)]] == [list(e) for e in traces]
+    # One list per stack, one dict per distinct frame, across stacks.
+    alloc_p, alloc_q = _one(traces, "alloc", p), _one(traces, "alloc", q)
+    assert _one(traces, "free_requested", p)["frames"] is not alloc_p["frames"]
+    assert alloc_q["frames"] is _block_at(snap, q)["frames"]
+    assert _names(alloc_p["frames"])[1:2] == ["_allocate_here"] and _names(alloc_q["frames"])[1:2] == ["_allocate_there"]
+    # cudamem.malloc's own frame (innermost) is the same in both stacks: one dict.
+    assert alloc_p["frames"][0] == alloc_q["frames"][0] and alloc_p["frames"][0] is alloc_q["frames"][0]
+    assert alloc_p["frames"][-1] is alloc_q["frames"][-1], "the outermost frame is one dict"
+    cudamem.free(q, dev)
+
+
+def test_with_the_native_class_the_snapshot_is_torchs_history_while_only_torch_records(dev, monkeypatch):
+    """The native class keeps torch's history, the one record of torch's _record_memory_history;
+    cudamem.snapshot() reads it through torch then (stand-ins for torch and the install here:
+    the class itself needs a GPU, scripts/gpu/torch/native_check.py)."""
+    import types
+
+    import cudamem.torch as glue
+
+    torchs = {
+        "segments": [{"device": 0, "address": 1}, {"device": dev, "address": 2}],
+        "device_traces": [[{"action": "alloc", "addr": 1}], [], [{"action": "alloc", "addr": 2}]],
+        "allocator_settings": {},
+        "external_annotations": [{"device": 0, "name": "a"}, {"device": dev, "name": "b"}],
+    }
+    recording = {"on": True}
+    fake = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_isHistoryEnabled=lambda: recording["on"]),
+        cuda=types.SimpleNamespace(memory=types.SimpleNamespace(_snapshot=lambda: pickle.loads(pickle.dumps(torchs)))),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(glue, "install_mode", lambda: "native")
+
+    class Annotate:  # the class's cudamem_native_annotate, as ctypes calls it
+        calls = []
+
+        def __call__(self, *args):
+            self.calls.append(args)
+            return 1
+
+    monkeypatch.setitem(glue._state, "native", types.SimpleNamespace(cudamem_native_annotate=Annotate()))
+    assert cudamem.snapshot() == torchs
+    cudamem.annotate("step", "START", device=dev)
+    with cudamem.annotate_region("region"):
+        pass
+    assert Annotate.calls == [(b"step", b"START", dev), (b"region", b"START", -1), (b"region", b"END", -1)]
+    mine = cudamem.snapshot(dev)
+    assert mine["segments"] == [{"device": dev, "address": 2}]
+    assert [len(t) for t in mine["device_traces"]] == [int(i == dev == 2) for i in range(3)]
+    assert mine["external_annotations"] == [{"device": dev, "name": "b"}]
+    # Torch not recording: cudamem's own (empty) history.
+    recording["on"] = False
+    assert "segments" in cudamem.snapshot(dev) and cudamem.snapshot(dev) != torchs
+    # cudamem's own recording on: its own snapshot, whatever torch records.
+    recording["on"] = True
+    cudamem.record_memory_history(device=dev)
+    p = cudamem.malloc(MiB, dev)
+    cudamem.annotate("mine", device=dev)
+    own = cudamem.snapshot(dev)
+    assert own["device_traces"][dev] and own != torchs
+    assert [a["name"] for a in own["external_annotations"]] == ["mine"] and len(Annotate.calls) == 3
+    cudamem.free(p, dev)
+    # Not the native class: cudamem's own.
+    cudamem.record_memory_history(None)
+    monkeypatch.setattr(glue, "install_mode", lambda: "shim")
+    assert cudamem.snapshot() != torchs
+
+
 def test_annotations(dev):
     cudamem.record_memory_history(device=dev)
     with cudamem.annotate_region("forward", device=dev):

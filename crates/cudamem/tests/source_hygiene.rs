@@ -150,3 +150,123 @@ fn the_figure_check_sees_figures_and_passes_rules() {
         assert!(!quotes_a_measurement(rule), "flagged a rule: {rule}");
     }
 }
+
+/// The crate-level modules a Rust source file names through `crate::` (`crate::a::b`,
+/// `crate::{a, b::c}`); comments are skipped.
+fn modules_named(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let code: String = code.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let mut rest = code.as_str();
+    while let Some(k) = rest.find("crate::") {
+        rest = &rest[k + "crate::".len()..];
+        if let Some(list) = rest.strip_prefix('{') {
+            // Items of the list at depth 1, each up to its first `::`, `,` or `}`.
+            let (mut depth, mut item, mut items) = (1, String::new(), Vec::new());
+            for c in list.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 || (depth == 1 && c == ',') {
+                    items.push(std::mem::take(&mut item));
+                    if depth == 0 {
+                        break;
+                    }
+                } else if depth >= 1 {
+                    item.push(c);
+                }
+            }
+            out.extend(items.iter().map(|i| ident(i.trim_start())).filter(|i| !i.is_empty()));
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out
+}
+
+fn ident(s: &str) -> String {
+    s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+/// A cycle among the top-level modules of the crate whose sources are in `src`, if any: module
+/// `a` depends on `b` when a file of `a` (`a.rs` or under `a/`) names `crate::b`.
+fn module_cycle(src: &Path) -> Option<Vec<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut deps: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+        let rel = f.strip_prefix(src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+        let module = first.trim_end_matches(".rs").to_string();
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let code = std::fs::read_to_string(f).unwrap_or_default();
+        let entry = deps.entry(module.clone()).or_default();
+        entry.extend(modules_named(&code).into_iter().filter(|m| *m != module));
+    }
+    let names: Vec<String> = deps.keys().cloned().collect();
+    // Depth-first search for a back edge; the path on the stack is the cycle.
+    fn visit(
+        m: &str,
+        deps: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        state: &mut std::collections::HashMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.to_string(), 1);
+        path.push(m.to_string());
+        for d in deps.get(m).into_iter().flatten().filter(|d| deps.contains_key(*d)) {
+            match state.get(d.as_str()).copied().unwrap_or(0) {
+                1 => {
+                    let at = path.iter().position(|p| p == d).unwrap();
+                    let mut cycle = path[at..].to_vec();
+                    cycle.push(d.clone());
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(c) = visit(d, deps, state, path) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(m.to_string(), 2);
+        None
+    }
+    let mut state = std::collections::HashMap::new();
+    for n in &names {
+        if state.get(n.as_str()).copied().unwrap_or(0) == 0 {
+            if let Some(c) = visit(n, &deps, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn no_crate_has_a_cycle_of_modules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut srcs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("src"))
+        .filter(|p| p.is_dir())
+        .collect();
+    srcs.push(root.join("python/src"));
+    assert!(srcs.len() > 5, "found the crates: {srcs:?}");
+    let cycles: Vec<String> = srcs
+        .iter()
+        .filter_map(|s| module_cycle(s).map(|c| format!("{}: {}", s.display(), c.join(" -> "))))
+        .collect();
+    assert!(cycles.is_empty(), "modules that import each other, in a cycle:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_cycle_check_reads_every_form_of_crate_path() {
+    let code = "use crate::a::X;\nuse crate::{b, c::{D, E}, f::G};\n// crate::h in a comment\nlet x = crate::i::j();";
+    assert_eq!(modules_named(code), ["a", "b", "c", "f", "i"]);
+}

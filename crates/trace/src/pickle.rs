@@ -74,14 +74,14 @@ use serde_pickle::SerOptions;
 use crate::pickle_vm::{self, Arena, Kind, Val};
 use crate::{
     Action, AllocatorSettings, Annotation, BlockSnapshot, BlockState, DeviceTrace, ErrorKind, Location,
-    SegmentSnapshot, SegmentType, Stack, StackId, StackInterner, Trace, TraceError, TraceEvent,
+    SegmentSnapshot, SegmentType, StackId, StackInterner, Trace, TraceError, TraceEvent,
 };
 
 mod read;
 mod write;
 
 pub use read::read_pickle;
-pub use write::write_snapshot_pickle;
+pub use write::{snapshot_schema, write_snapshot_pickle, STACK_TAG};
 
 #[cfg(test)]
 mod tests;

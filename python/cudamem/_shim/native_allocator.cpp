@@ -4,18 +4,24 @@
 // (alloc, free); torch's CUDA graphs, MemPool, torch.compile's CUDA-graph trees, cuDNN
 // autotuning, the profiler's memory view and every C++ caller of getDeviceStats need the
 // rest of the interface. This file implements it by calling the Rust engine through the
-// function table of python/src/native.rs (`NativeApi`, versioned: the Python side passes its
-// address to cudamem_native_install, which checks version and size before using it).
+// function table of python/src/native.rs (`NativeApi`, declared in cudamem_abi.h, which cbindgen
+// generates from python/src/abi.rs; versioned: the Python side passes its address to
+// cudamem_native_install, which checks version and size before using it).
 //
-// What lives here and not in Rust, and why:
+// What lives on this side and not in Rust, and why (each header is one part, one TU):
 // * PyTorch's stream filters (std::function) of beginAllocateToPool: each allocation asks
-//   them which private pool it goes to, and passes that pool's slot to Rust.
-// * Exceptions: a failed call leaves its message as the Rust thread's last error; this file
-//   throws c10::OutOfMemoryError (-> torch.OutOfMemoryError) or c10::Error with it.
+//   them which private pool it goes to, and passes that pool's slot to Rust (native_capture.h,
+//   with graph_capture_record_stream_reuse).
+// * Exceptions: a failed call leaves its message as the Rust thread's last error; the class
+//   throws c10::OutOfMemoryError (-> torch.OutOfMemoryError) or c10::Error with it
+//   (native_engine.h, the link to the function table).
 // * The profiler: every allocation and free is reported with
 //   c10::reportMemoryUsageToProfiler (only while memory profiling is on), as torch's own
 //   allocator does, so profile_memory=True shows per-operator memory.
-// * OOM observers, which run before the exception is thrown, outside cudamem's lock.
+// * OOM observers, which run before the exception is thrown, outside cudamem's lock
+//   (native_oom.h).
+// * Torch's history and trackers (native_history.h), c10's structs (native_records.h), IPC
+//   (native_ipc.h), memory from outside the engine (native_memory.h), releases (native_versions.h).
 //
 // Built by cudamem.torch (one g++ command against the installed torch's headers and the CUDA
 // runtime headers; see cudamem/torch.py).
@@ -33,19 +39,18 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "native_api.h"
+#include "cudamem_abi.h"
 #include "native_capture.h"
+#include "native_engine.h"
 #include "native_history.h"
 #include "native_ipc.h"
 #include "native_memory.h"
+#include "native_oom.h"
 #include "native_records.h"
 #include "native_versions.h"
 
@@ -54,42 +59,20 @@ namespace {
 namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::MempoolId_t;
 
-const NativeApi* g_api = nullptr;
-using LastErrorFn = int (*)(char*, size_t);
-LastErrorFn g_last_error = nullptr;
+using cudamem_abi::NativeApi;
+constexpr int kShimVersion = 2;  // cudamem._torch_native.NATIVE_SHIM_VERSION
 
-std::string last_error_message(int* kind) {
-  char buf[8192];
-  buf[0] = '\0';
-  int k = g_last_error != nullptr ? g_last_error(buf, sizeof buf) : 0;
-  if (kind != nullptr) {
-    *kind = k;
-  }
-  return buf[0] != '\0' ? std::string(buf) : std::string("cudamem: the call failed");
-}
-
-// Throws the Rust side's last error unless `kind` is 0.
-void check(int kind) {
-  if (kind == 0) {
-    return;
-  }
-  std::string msg = last_error_message(nullptr);
-  if (kind == kErrOutOfMemory) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
-  }
-  TORCH_CHECK(false, msg);
-}
-
-c10::Device cuda_device(int device) {
-  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
-}
+using cudamem_engine::check;
+using cudamem_engine::cuda_device;
+using cudamem_engine::g_api;
+using cudamem_engine::last_error_message;
 
 // What raw_free needs of the allocator object (set once, when it is installed).
 std::atomic<bool> g_history_on{false};
 cudamem_history::History* g_history = nullptr;
 // Open captures and pool contexts (torch's captures_underway), and the blocks freed during
 // them that wait for other streams (graph_capture_record_stream_reuse).
-std::atomic<int> g_captures{0};
+cudamem_capture::Open g_open;
 cudamem_capture::Reuse g_reuse;
 
 // The context of a free's events (context "all"), when torch's history is recorded.
@@ -116,7 +99,7 @@ void raw_free(void* ptr) {
     std::fprintf(stderr, "cudamem: free failed: %s\n", msg.c_str());
     return;
   }
-  if (g_captures.load(std::memory_order_relaxed) > 0) {
+  if (g_open.any()) {
     try {
       g_reuse.on_free(ptr, g_api);
     } catch (const std::exception& e) {
@@ -129,14 +112,6 @@ void raw_free(void* ptr) {
         ptr, -static_cast<int64_t>(info[0]), info[1], info[2], cuda_device(static_cast<int>(info[3])));
   }
 }
-
-// A private pool's checkpoint (torch.compile's CUDA-graph trees): owns the Rust object.
-struct CudamemPoolState : CCA::AllocatorState {
-  explicit CudamemPoolState(void* h, int d) : handle(h), device(d) {}
-  ~CudamemPoolState() override { g_api->checkpoint_free(handle); }
-  void* handle;
-  int device;
-};
 
 class CudamemAllocator final : public cudamem_versions::Adapter {
  public:
@@ -163,10 +138,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   bool initialized() override { return initialized_.load(); }
 
   void init(int device_count) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    if (static_cast<int>(captures_.size()) < device_count) {
-      captures_.resize(device_count);
-    }
+    g_open.reserve(device_count);
     initialized_.store(true);
   }
 
@@ -211,8 +183,8 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   }
 
   CCA::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    int64_t v[kStatsLen];
-    check(g_api->stats(device, v, kStatsLen));
+    int64_t v[cudamem_abi::STATS_LEN];
+    check(g_api->stats(device, v, cudamem_abi::STATS_LEN));
     return cudamem_records::device_stats(v);
   }
 
@@ -245,7 +217,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     uint64_t s = 0;
     void* base = g_api->base_allocation(ptr, &s);
     if (base == nullptr) {
-      check(2);
+      check(cudamem_abi::ERR_INVALID);
     }
     *size = static_cast<size_t>(s);
     return base;
@@ -269,26 +241,13 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
       std::function<bool(cudaStream_t)> filter) override {
     int slot = -1;
     check(g_api->pool_begin(device, mempool_id.first, mempool_id.second, &slot));
-    std::lock_guard<std::mutex> g(mutex_);
-    if (static_cast<size_t>(device) >= captures_.size()) {
-      captures_.resize(device + 1);
-    }
-    captures_[device].push_back(Capture{mempool_id, std::move(filter), slot});
-    g_captures.fetch_add(1);
+    g_open.begin(device, mempool_id, std::move(filter), slot);
   }
 
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     check(g_api->pool_end(device, mempool_id.first, mempool_id.second));
-    std::lock_guard<std::mutex> g(mutex_);
-    auto& v = captures_.at(device);
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (it->id == mempool_id) {
-        v.erase(it);
-        if (g_captures.fetch_sub(1) == 1) {
-          g_reuse.clear();  // the engine has recorded the events of what still waited
-        }
-        return;
-      }
+    if (g_open.end(device, mempool_id)) {
+      g_reuse.clear();  // the engine has recorded the events of what still waited
     }
   }
 
@@ -350,7 +309,9 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   bool isHistoryEnabled() override { return g_history_on.load() || g_api->history_enabled() != 0; }
 
   // Torch's history is kept here, in torch's TraceEntry with torch's recorder (see
-  // native_history.h); cudamem's own history (cudamem.snapshot(), the viewer) records too.
+  // native_history.h), and only here: each allocation's context is gathered once, by torch's
+  // recorder, and cudamem.snapshot() reads this history through torch while cudamem's own
+  // recording (cudamem.record_memory_history) is off.
   void record_history(
       bool enabled,
       CCA::CreateContextFn context_recorder,
@@ -361,8 +322,6 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     history_.record(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory, skip_actions);
     g_history_on.store(enabled);
     update_hook();
-    check(g_api->record_history(
-        enabled ? 1 : 0, static_cast<int>(when), static_cast<uint64_t>(alloc_trace_max_entries), clearHistory ? 1 : 0));
   }
 
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override { history_.annotate(md); }
@@ -379,10 +338,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     history_.annotate_memory(reinterpret_cast<uint64_t>(ptr), metadata);
   }
 
-  void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
-    std::lock_guard<std::mutex> g(mutex_);
-    oom_observers_.push_back(std::move(observer));
-  }
+  void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override { oom_.add(std::move(observer)); }
 
   // Trackers hear every event of the engine (ProcessGroupNCCL registers segments with them), as
   // torch calls its trackers under its allocator's mutex (see update_hook).
@@ -392,43 +348,26 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   }
 
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
-    c10::cuda::CUDAGuard guard(dev);
-    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-    if (err == cudaErrorPeerAccessAlreadyEnabled) {
-      (void)cudaGetLastError();
-    } else {
-      C10_CUDA_CHECK(err);
-    }
+    cudamem_memory::enable_peer_access(dev, dev_to_access);
   }
 
-  // cudamem maps most memory with the VMM API: across devices without peer access only the
-  // peer copy is correct for it.
-  cudaError_t memcpyAsync(
-      void* dst,
-      int dstDevice,
-      const void* src,
-      int srcDevice,
-      size_t count,
-      cudaStream_t stream,
-      bool p2p_enabled) override {
-    if (p2p_enabled || dstDevice == srcDevice) {
-      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
-    }
-    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    return cudamem_memory::copy_async(dst, dstDevice, src, srcDevice, count, stream, p2p_enabled);
   }
 
   std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
     void* h = g_api->checkpoint_get(device, id.first, id.second);
     if (h == nullptr) {
-      check(2);
+      check(cudamem_abi::ERR_INVALID);
     }
-    return std::make_shared<CudamemPoolState>(h, device);
+    return std::make_shared<cudamem_engine::PoolState>(h, device);
   }
 
   CCA::CheckpointDelta setCheckpointPoolState(
       c10::DeviceIndex device,
       std::shared_ptr<CCA::AllocatorState> pps) override {
-    auto* state = dynamic_cast<CudamemPoolState*>(pps.get());
+    auto* state = dynamic_cast<cudamem_engine::PoolState*>(pps.get());
     TORCH_CHECK(state != nullptr, "cudamem: the checkpoint was not made by cudamem");
     cudamem_records::RestoreSink sink{{}, device, &raw_free};
     check(g_api->checkpoint_restore(
@@ -439,50 +378,6 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   std::string name() override { return "cudamem"; }
 
  private:
-  struct Capture {
-    MempoolId_t id;
-    std::function<bool(cudaStream_t)> filter;
-    int slot;
-  };
-
-  // Torch's allocator makes segments with cudaMalloc, whose first call on a thread binds the
-  // current device's primary context to that thread; cudamem's engine calls the driver and
-  // leaves the thread's context as it found it. Without the binding, each device guard torch
-  // runs on that thread (one per torch.cuda.caching_allocator_alloc) takes the runtime's slow
-  // path until some other runtime call binds it. So bind it once per thread, as cudaMalloc
-  // would: cudaFree(nullptr) does only that. Never while a capture is underway (the call is
-  // one a capture in the default mode forbids); a later allocation binds it.
-  static void bind_runtime_context() {
-    static thread_local bool bound = false;
-    if (bound || g_captures.load(std::memory_order_relaxed) != 0) {
-      return;
-    }
-    if (cudaFree(nullptr) != cudaSuccess) {
-      (void)cudaGetLastError();  // the engine's own call reports a device that does not work
-    }
-    bound = true;
-  }
-
-  // The private pool that an allocation on `stream` goes to (its slot), or -1.
-  int slot_for(int device, cudaStream_t stream) {
-    if (g_captures.load(std::memory_order_relaxed) == 0) {
-      return -1;
-    }
-    std::lock_guard<std::mutex> g(mutex_);
-    if (static_cast<size_t>(device) >= captures_.size()) {
-      return -1;
-    }
-    // The innermost context that accepts the stream wins (torch searches captures_underway
-    // last-in first-out, so nested use_mem_pool blocks route to the inner pool).
-    const auto& v = captures_[device];
-    for (auto it = v.rbegin(); it != v.rend(); ++it) {
-      if (it->filter(stream)) {
-        return it->slot;
-      }
-    }
-    return -1;
-  }
-
   // The engine's events go to the trackers and torch's history while either listens; with
   // neither the hook is removed and the engine pays nothing.
   void update_hook() {
@@ -504,13 +399,13 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   }
 
   void* malloc(int device, size_t size, cudaStream_t stream) {
-    bind_runtime_context();
+    cudamem_memory::bind_runtime_context(g_open.any());
     const bool profiling = c10::memoryProfilingEnabled();
     uint64_t info[3] = {profiling ? 1u : 0u, 0, 0};
     void* p = nullptr;
     cudamem_history::Scope scope(
         g_history_on.load(std::memory_order_relaxed) ? history_.gather(CCA::RecordContext::STATE) : nullptr);
-    if (g_captures.load(std::memory_order_relaxed) == 0) {
+    if (!g_open.any()) {
       p = g_api->malloc(device, size, stream, -1, info);
     } else {
       // While any capture is underway the driver refuses memory calls in the default
@@ -518,13 +413,13 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
       // freed before replay (a private pool keeps it), so allow it, as torch's allocator does.
       c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
       g_reuse.before_malloc(stream, g_api);
-      p = g_api->malloc(device, size, stream, slot_for(device, stream), info);
+      p = g_api->malloc(device, size, stream, g_open.slot_for(device, stream), info);
     }
     if (p == nullptr) {
       int kind = 0;
       std::string msg = last_error_message(&kind);
-      if (kind == kErrOutOfMemory) {
-        out_of_memory(device, size);
+      if (kind == cudamem_abi::ERR_OOM) {
+        oom_.report(g_api, device, size);
         TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
       }
       TORCH_CHECK(false, msg);
@@ -535,33 +430,7 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
     return p;
   }
 
-  void out_of_memory(int device, size_t size) {
-    uint64_t t[2] = {0, 0};
-    g_api->totals(device, t);
-    c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), t[0], t[1], cuda_device(device));
-    std::vector<CCA::OutOfMemoryObserver> observers;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      observers = oom_observers_;
-    }
-    if (observers.empty()) {
-      return;
-    }
-    size_t free_bytes = 0, total = 0;
-    {
-      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-      if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
-        (void)cudaGetLastError();
-      }
-    }
-    for (auto& o : observers) {
-      o(device, static_cast<size_t>(t[0]), total, free_bytes);
-    }
-  }
-
-  std::mutex mutex_;
-  std::vector<std::vector<Capture>> captures_;
-  std::vector<CCA::OutOfMemoryObserver> oom_observers_;
+  cudamem_oom::Observers oom_;
   cudamem_history::Trackers trackers_;
   std::mutex hook_mutex_;
   bool hooked_ = false;
@@ -573,15 +442,6 @@ class CudamemAllocator final : public cudamem_versions::Adapter {
   std::atomic<bool> enabled_{true};
 };
 
-void write_message(const std::string& s, char* buf, size_t len) {
-  if (buf == nullptr || len == 0) {
-    return;
-  }
-  size_t n = s.size() < len - 1 ? s.size() : len - 1;
-  std::memcpy(buf, s.data(), n);
-  buf[n] = '\0';
-}
-
 }  // namespace
 
 extern "C" {
@@ -591,8 +451,8 @@ extern "C" {
 int cudamem_native_install(const void* api, void* last_error, char* msg, size_t len) {
   try {
     auto* a = static_cast<const NativeApi*>(api);
-    if (a == nullptr || a->version != kApiVersion || a->size != sizeof(NativeApi)) {
-      write_message(
+    if (a == nullptr || a->version != cudamem_abi::NATIVE_API_VERSION || a->size != sizeof(NativeApi)) {
+      cudamem_engine::write_message(
           "cudamem: the native allocator library does not match the cudamem extension (rebuild it: "
           "remove the cached torch_native-*.so)",
           msg,
@@ -600,7 +460,7 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
       return 2;
     }
     g_api = a;
-    g_last_error = reinterpret_cast<LastErrorFn>(last_error);
+    cudamem_engine::g_last_error = reinterpret_cast<cudamem_abi::LastErrorFn>(last_error);
     // Never destroyed, as torch's own allocator is not: static destructors at exit still free
     // tensors through it, and its history holds Python tracebacks that must not be released
     // once the interpreter is gone.
@@ -611,9 +471,16 @@ int cudamem_native_install(const void* api, void* last_error, char* msg, size_t 
     c10::SetAllocator(c10::DeviceType::CUDA, allocator->get(), /*priority=*/UINT8_MAX);
     return 0;
   } catch (const std::exception& e) {
-    write_message(e.what(), msg, len);
+    cudamem_engine::write_message(e.what(), msg, len);
     return 1;
   }
+}
+
+// cudamem.annotate while the class keeps torch's history: an annotation as torch's
+// record_function ranges make them (name and stage) on `device` (-1: the current one). Returns 1
+// when recorded (torch's history is on), else 0; never throws.
+int cudamem_native_annotate(const char* name, const char* stage, int device) {
+  return g_history != nullptr ? g_history->annotate_region(name, stage, device) : 0;
 }
 
 // The version of this file's interface to cudamem.torch.

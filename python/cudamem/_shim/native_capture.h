@@ -1,4 +1,10 @@
-// graph_capture_record_stream_reuse on the native torch allocator class: a block freed during a
+// CUDA-graph captures and pool contexts on the native torch allocator class.
+//
+// Open: the captures and MemPool contexts underway (torch's captures_underway), each with its
+// pool's slot in the engine and torch's stream filter. An allocation asks them, innermost first,
+// which private pool it goes to; with none open, an allocation pays one relaxed atomic load.
+//
+// Reuse: graph_capture_record_stream_reuse. A block freed during a
 // CUDA-graph capture while other streams have used it (record_stream) is reused within the same
 // capture once the capture's graph orders every later node after the block's last use on each
 // of its streams. The rule is torch's (`record_free_markers`, `free_safe_blocks_in_capture`):
@@ -17,7 +23,7 @@
 // * When the last capture ends the engine records events for the blocks still deferred; this
 //   table forgets them (clear()).
 //
-// Included by native_allocator.cpp only (one translation unit), after native_api.h.
+// Included by native_allocator.cpp only (one translation unit).
 
 #pragma once
 
@@ -27,11 +33,85 @@
 
 #include <cstdint>
 #include <mutex>
+#include <atomic>
+#include <functional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "cudamem_abi.h"
+
 namespace cudamem_capture {
+
+using c10::MempoolId_t;
+
+class Open {
+ public:
+  // Room for the devices torch knows of (its init).
+  void reserve(int device_count) {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<int>(by_device_.size()) < device_count) {
+      by_device_.resize(device_count);
+    }
+  }
+
+  // beginAllocateToPool: allocations on `device` that `filter` accepts go to `slot`.
+  void begin(int device, MempoolId_t id, std::function<bool(cudaStream_t)> filter, int slot) {
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<size_t>(device) >= by_device_.size()) {
+      by_device_.resize(device + 1);
+    }
+    by_device_[device].push_back(Context{id, std::move(filter), slot});
+    count_.fetch_add(1);
+  }
+
+  // endAllocateToPool. True when it ended the last open context of every device.
+  bool end(int device, MempoolId_t id) {
+    std::lock_guard<std::mutex> g(mutex_);
+    auto& v = by_device_.at(device);
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it->id == id) {
+        v.erase(it);
+        return count_.fetch_sub(1) == 1;
+      }
+    }
+    return false;
+  }
+
+  // Whether any capture or pool context is open.
+  bool any() const { return count_.load(std::memory_order_relaxed) != 0; }
+
+  // The private pool that an allocation on `stream` goes to (its slot), or -1.
+  int slot_for(int device, cudaStream_t stream) {
+    if (!any()) {
+      return -1;
+    }
+    std::lock_guard<std::mutex> g(mutex_);
+    if (static_cast<size_t>(device) >= by_device_.size()) {
+      return -1;
+    }
+    // The innermost context that accepts the stream wins (torch searches captures_underway
+    // last-in first-out, so nested use_mem_pool blocks route to the inner pool).
+    const auto& v = by_device_[device];
+    for (auto it = v.rbegin(); it != v.rend(); ++it) {
+      if (it->filter(stream)) {
+        return it->slot;
+      }
+    }
+    return -1;
+  }
+
+ private:
+  struct Context {
+    MempoolId_t id;
+    std::function<bool(cudaStream_t)> filter;
+    int slot;
+  };
+  std::mutex mutex_;
+  std::vector<std::vector<Context>> by_device_;
+  std::atomic<int> count_{0};
+};
 
 struct CaptureInfo {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -77,7 +157,7 @@ class Reuse {
  public:
   // After the engine has freed `ptr` during a capture. Asks the engine whether it deferred the
   // block (it does only with the setting on and other streams' uses) and records its markers.
-  void on_free(void* ptr, const NativeApi* api) {
+  void on_free(void* ptr, const cudamem_abi::NativeApi* api) {
     uint64_t streams[64];
     int n = api->deferred_streams(ptr, streams, 64);
     if (n <= 0) {
@@ -105,7 +185,7 @@ class Reuse {
   }
 
   // Before an allocation on `stream` while a capture is underway.
-  void before_malloc(cudaStream_t stream, const NativeApi* api) {
+  void before_malloc(cudaStream_t stream, const cudamem_abi::NativeApi* api) {
     std::lock_guard<std::mutex> g(mutex_);
     if (deferred_.empty()) {
       return;

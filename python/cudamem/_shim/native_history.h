@@ -204,18 +204,37 @@ class History {
 #endif
   }
 
-  void annotate(const std::vector<std::pair<std::string, std::string>>& md) {
+  // recordAnnotation (torch's record_function ranges), on `device` (-1: the current one).
+  void annotate(const std::vector<std::pair<std::string, std::string>>& md, int on_device = -1) {
     std::lock_guard<std::mutex> g(mutex_);
     if (!enabled_) {
       return;
     }
-    c10::DeviceIndex device = 0;
-    (void)c10::cuda::GetDevice(&device);
+    c10::DeviceIndex device = static_cast<c10::DeviceIndex>(on_device);
+    if (on_device < 0) {
+      device = 0;
+      (void)c10::cuda::GetDevice(&device);
+    }
     cudamem_versions::AnnotationEntry ae(device, c10::getApproximateTime());
     for (const auto& [k, v] : md) {
       ae.recordUserMetadata(k, v);
     }
     annotations_.push_back(std::move(ae));
+  }
+
+  // cudamem.annotate: `stage` ("START" or "END") of the region `name`, as torch's
+  // record_function ranges record them. 1 when recorded, 0 when not recording; never throws.
+  int annotate_region(const char* name, const char* stage, int device) {
+    try {
+      if (name == nullptr || stage == nullptr || !recording()) {
+        return 0;
+      }
+      annotate({{"name", name}, {"stage", stage}}, device);
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cudamem: annotate failed: %s\n", e.what());
+      return 0;
+    }
   }
 
   void push_compile_context(const std::string& md) {

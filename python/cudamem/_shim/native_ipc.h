@@ -20,7 +20,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "native_api.h"
+#include "cudamem_abi.h"
 
 namespace cudamem_ipc {
 
@@ -34,7 +34,7 @@ inline void append_bytes(void* ctx, const uint8_t* bytes, size_t len) {
 }
 
 // shareIpcHandle: the handle bytes of allocation `ptr` and its offset in what they describe.
-inline CCA::ShareableHandle share(const NativeApi* api, Check check, void* ptr) {
+inline CCA::ShareableHandle share(const cudamem_abi::NativeApi* api, Check check, void* ptr) {
   std::string bytes;
   uint64_t offset = 0;
   check(api->ipc_share(ptr, &bytes, &append_bytes, &offset));
@@ -44,7 +44,7 @@ inline CCA::ShareableHandle share(const NativeApi* api, Check check, void* ptr) 
 class Opened {
  public:
   // getIpcDevPtr on `device` (the current one, as torch's allocator uses).
-  std::shared_ptr<void> get(const NativeApi* api, Check check, const std::string& handle, int device) {
+  std::shared_ptr<void> get(const cudamem_abi::NativeApi* api, Check check, const std::string& handle, int device) {
     std::lock_guard<std::mutex> g(mutex_);
     auto it = open_.find(handle);
     if (it != open_.end()) {

@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "native_api.h"
+#include "cudamem_abi.h"
 #include "native_history.h"
 #include "native_versions.h"
 
@@ -27,7 +27,7 @@ struct SnapshotSink {
   uint64_t next_block = 0;  // the address of the segment's next block
 };
 
-inline void on_segment(void* ctx, const SegmentRecord* r) {
+inline void on_segment(void* ctx, const cudamem_abi::SegmentRecord* r) {
   auto* s = static_cast<SnapshotSink*>(ctx);
   MempoolId_t pool{r->pool_a, r->pool_b};
   s->keep_current = s->only == MempoolId_t{0, 0} || s->only == pool;
@@ -52,7 +52,7 @@ inline void on_segment(void* ctx, const SegmentRecord* r) {
   s->segments->push_back(std::move(seg));
 }
 
-inline void on_block(void* ctx, const BlockRecord* r) {
+inline void on_block(void* ctx, const cudamem_abi::BlockRecord* r) {
   auto* s = static_cast<SnapshotSink*>(ctx);
   if (!s->keep_current) {
     return;
@@ -86,7 +86,7 @@ inline void on_allocated(void* ctx, uint64_t ptr, uint64_t) {
       p, p, s->deleter, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(s->device)));
 }
 
-// c10's DeviceStats from the engine's kStatsLen values (python/src/native.rs, `flatten_stats`).
+// c10's DeviceStats from the engine's cudamem_abi::STATS_LEN values (python/src/native.rs, `flatten_stats`).
 inline CCA::DeviceStats device_stats(const int64_t* v) {
   CCA::DeviceStats s;
   size_t i = 0;

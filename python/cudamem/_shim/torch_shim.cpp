@@ -31,6 +31,8 @@
 #include <string>
 #include <utility>
 
+#include "cudamem_abi.h"  // the Rust functions' types and error kinds (generated)
+
 // Identical to CUDA's own typedef, so that including cuda_runtime.h as well stays valid.
 typedef struct CUstream_st* cudaStream_t;
 
@@ -39,17 +41,12 @@ using MempoolId = std::pair<unsigned long long, unsigned long long>;
 
 namespace {
 
-using MallocOrErrorFn = void* (*)(size_t, int, cudaStream_t, char*, size_t);
-using FreeFn = void (*)(void*, size_t, int, cudaStream_t);
-using ErrorKindFn = int (*)();
-
 // Set once by cudamem_torch_shim_init, before PyTorch can call the functions below.
-MallocOrErrorFn g_malloc_or_error = nullptr;
-FreeFn g_free = nullptr;
-ErrorKindFn g_last_error_kind = nullptr;
+cudamem_abi::MallocOrErrorFn g_malloc_or_error = nullptr;
+cudamem_abi::PluggableFreeFn g_free = nullptr;
+cudamem_abi::LastErrorKindFn g_last_error_kind = nullptr;
 
 constexpr int kShimAbiVersion = 1;  // cudamem.torch.SHIM_ABI_VERSION
-constexpr int kErrOutOfMemory = 1;  // ffi::ERR_OOM
 constexpr size_t kMessageCapacity = 8192;
 
 }  // namespace
@@ -58,9 +55,9 @@ extern "C" {
 
 // Returns the shim's interface version, which cudamem.torch checks.
 int cudamem_torch_shim_init(void* malloc_or_error, void* free_fn, void* last_error_kind) {
-  g_malloc_or_error = reinterpret_cast<MallocOrErrorFn>(malloc_or_error);
-  g_free = reinterpret_cast<FreeFn>(free_fn);
-  g_last_error_kind = reinterpret_cast<ErrorKindFn>(last_error_kind);
+  g_malloc_or_error = reinterpret_cast<cudamem_abi::MallocOrErrorFn>(malloc_or_error);
+  g_free = reinterpret_cast<cudamem_abi::PluggableFreeFn>(free_fn);
+  g_last_error_kind = reinterpret_cast<cudamem_abi::LastErrorKindFn>(last_error_kind);
   return kShimAbiVersion;
 }
 
@@ -74,8 +71,8 @@ void* cudamem_torch_malloc(size_t size, int device, cudaStream_t stream) {
   void* ptr = g_malloc_or_error(size, device, stream, message, sizeof message);
   if (ptr == nullptr && size > 0) {
     const std::string text(message[0] != '\0' ? message : "cudamem: allocation failed");
-    const int kind = g_last_error_kind != nullptr ? g_last_error_kind() : kErrOutOfMemory;
-    if (kind == kErrOutOfMemory) {
+    const int kind = g_last_error_kind != nullptr ? g_last_error_kind() : cudamem_abi::ERR_OOM;
+    if (kind == cudamem_abi::ERR_OOM) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, text);
     }
     TORCH_CHECK(false, text);

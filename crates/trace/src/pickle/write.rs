@@ -1,5 +1,11 @@
 //! The writer of PyTorch's snapshot schema as a pickle, one serializer per level of the
 //! schema, so that PyTorch's own tools read what cudamem writes.
+//!
+//! The schema is written once, here, as serde `Serialize` impls: the pickle writer serializes
+//! them with serde_pickle, and the Python package turns the same impls into Python objects
+//! ([`snapshot_schema`]). For the latter each `frames` list is tagged with its stack's id (see
+//! [`STACK_TAG`]), so that one Python list per recorded stack can be shared, as PyTorch's own
+//! snapshots share them.
 
 #[allow(unused_imports)]
 use super::*;
@@ -9,7 +15,11 @@ use super::*;
 pub fn write_snapshot_pickle(trace: &Trace, out: impl Write) -> Result<(), TraceError> {
     trace.validate()?;
     let mut w = std::io::BufWriter::with_capacity(1 << 16, out);
-    serde_pickle::to_writer(&mut w, &SnapshotSer(trace), SerOptions::new()).map_err(|e| {
+    let ctx = Ctx {
+        t: trace,
+        tag_stacks: false,
+    };
+    serde_pickle::to_writer(&mut w, &SnapshotSer(ctx), SerOptions::new()).map_err(|e| {
         TraceError::new(
             &trace.source,
             ErrorKind::Io,
@@ -27,15 +37,38 @@ pub fn write_snapshot_pickle(trace: &Trace, out: impl Write) -> Result<(), Trace
     })
 }
 
-pub(super) struct SnapshotSer<'a>(&'a Trace);
-pub(super) struct SegmentsSer<'a>(&'a Trace);
-pub(super) struct SegmentSer<'a>(&'a Trace, &'a SegmentSnapshot);
-pub(super) struct BlockSer<'a>(&'a Trace, &'a BlockSnapshot);
-pub(super) struct FramesSer<'a>(Option<&'a Stack>);
+/// The name of the newtype variant each `frames` list is wrapped in by [`snapshot_schema`]; its
+/// variant index is the stack's id (its index in [`Trace::stacks`]).
+pub const STACK_TAG: &str = "cudamem.stack";
+
+/// `trace` in PyTorch's snapshot schema as serde values — what [`write_snapshot_pickle`]
+/// writes, except that each non-empty `frames` list is the newtype variant [`STACK_TAG`] of the
+/// stack's id (a serializer that does not look for it writes a one-key map instead). The trace
+/// is not validated.
+pub fn snapshot_schema(trace: &Trace) -> impl Serialize + '_ {
+    SnapshotSer(Ctx {
+        t: trace,
+        tag_stacks: true,
+    })
+}
+
+/// The trace being written, and whether `frames` lists carry their stack's id.
+#[derive(Clone, Copy)]
+pub(super) struct Ctx<'a> {
+    t: &'a Trace,
+    tag_stacks: bool,
+}
+
+pub(super) struct SnapshotSer<'a>(Ctx<'a>);
+pub(super) struct SegmentsSer<'a>(Ctx<'a>);
+pub(super) struct SegmentSer<'a>(Ctx<'a>, &'a SegmentSnapshot);
+pub(super) struct BlockSer<'a>(Ctx<'a>, &'a BlockSnapshot);
+pub(super) struct FramesSer<'a>(Ctx<'a>, Option<StackId>);
+pub(super) struct FrameListSer<'a>(&'a [crate::Frame]);
 pub(super) struct FrameSer<'a>(&'a crate::Frame);
-pub(super) struct DeviceTracesSer<'a>(&'a Trace);
-pub(super) struct EventsSer<'a>(&'a Trace, Option<&'a DeviceTrace>);
-pub(super) struct EventSer<'a>(&'a Trace, &'a TraceEvent);
+pub(super) struct DeviceTracesSer<'a>(Ctx<'a>);
+pub(super) struct EventsSer<'a>(Ctx<'a>, Option<&'a DeviceTrace>);
+pub(super) struct EventSer<'a>(Ctx<'a>, &'a TraceEvent);
 pub(super) struct SettingsSer<'a>(&'a AllocatorSettings);
 pub(super) struct DivisionsSer<'a>(&'a [(u64, u64)]);
 pub(super) struct AnnotationsSer<'a>(&'a [Annotation]);
@@ -46,16 +79,16 @@ impl Serialize for SnapshotSer<'_> {
         let mut m = s.serialize_map(Some(4))?;
         m.serialize_entry("segments", &SegmentsSer(self.0))?;
         m.serialize_entry("device_traces", &DeviceTracesSer(self.0))?;
-        m.serialize_entry("allocator_settings", &SettingsSer(&self.0.settings))?;
-        m.serialize_entry("external_annotations", &AnnotationsSer(&self.0.annotations))?;
+        m.serialize_entry("allocator_settings", &SettingsSer(&self.0.t.settings))?;
+        m.serialize_entry("external_annotations", &AnnotationsSer(&self.0.t.annotations))?;
         m.end()
     }
 }
 
 impl Serialize for SegmentsSer<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut q = s.serialize_seq(Some(self.0.segments.len()))?;
-        for seg in &self.0.segments {
+        let mut q = s.serialize_seq(Some(self.0.t.segments.len()))?;
+        for seg in &self.0.t.segments {
             q.serialize_element(&SegmentSer(self.0, seg))?;
         }
         q.end()
@@ -83,8 +116,8 @@ impl Serialize for SegmentSer<'_> {
         if g.tag.is_some() || g.asleep {
             m.serialize_entry("asleep", &g.asleep)?;
         }
-        m.serialize_entry("frames", &FramesSer(t.stack(g.stack)))?;
-        struct Blocks<'a>(&'a Trace, &'a [BlockSnapshot]);
+        m.serialize_entry("frames", &FramesSer(t, g.stack))?;
+        struct Blocks<'a>(Ctx<'a>, &'a [BlockSnapshot]);
         impl Serialize for Blocks<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let mut q = s.serialize_seq(Some(self.1.len()))?;
@@ -107,14 +140,26 @@ impl Serialize for BlockSer<'_> {
         m.serialize_entry("size", &b.size)?;
         m.serialize_entry("requested_size", &b.requested_size)?;
         m.serialize_entry("state", b.state.as_str())?;
-        m.serialize_entry("frames", &FramesSer(self.0.stack(b.stack)))?;
+        m.serialize_entry("frames", &FramesSer(self.0, b.stack))?;
         m.end()
     }
 }
 
 impl Serialize for FramesSer<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let frames = self.0.map_or(&[][..], |st| &st.frames[..]);
+        let (ctx, id) = (self.0, self.1);
+        match (ctx.t.stack(id), id) {
+            (Some(st), Some(i)) if ctx.tag_stacks => {
+                s.serialize_newtype_variant(STACK_TAG, i, "frames", &FrameListSer(&st.frames))
+            }
+            (st, _) => FrameListSer(st.map_or(&[][..], |st| &st.frames[..])).serialize(s),
+        }
+    }
+}
+
+impl Serialize for FrameListSer<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let frames = self.0;
         let mut q = s.serialize_seq(Some(frames.len()))?;
         for f in frames {
             q.serialize_element(&FrameSer(f))?;
@@ -135,7 +180,7 @@ impl Serialize for FrameSer<'_> {
 
 impl Serialize for DeviceTracesSer<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let t = self.0;
+        let (ctx, t) = (self.0, self.0.t);
         let max_dev = t
             .devices
             .iter()
@@ -146,7 +191,7 @@ impl Serialize for DeviceTracesSer<'_> {
         let n = max_dev.map_or(0, |d| d as usize + 1);
         let mut q = s.serialize_seq(Some(n))?;
         for dev in 0..n {
-            q.serialize_element(&EventsSer(t, t.device(dev as i32)))?;
+            q.serialize_element(&EventsSer(ctx, t.device(dev as i32)))?;
         }
         q.end()
     }
@@ -166,7 +211,7 @@ impl Serialize for EventsSer<'_> {
 impl Serialize for EventSer<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let e = self.1;
-        let stack = self.0.stack(e.stack);
+        let stack = self.0.t.stack(e.stack);
         let mut m = s.serialize_map(Some(if stack.is_some() { 8 } else { 7 }))?;
         m.serialize_entry("action", e.action.as_str())?;
         if e.action == Action::Oom {
@@ -178,7 +223,7 @@ impl Serialize for EventSer<'_> {
         m.serialize_entry("stream", &e.stream)?;
         m.serialize_entry("time_us", &e.time_us)?;
         if stack.is_some() {
-            m.serialize_entry("frames", &FramesSer(stack))?;
+            m.serialize_entry("frames", &FramesSer(self.0, e.stack))?;
         }
         m.serialize_entry("compile_context", "N/A")?;
         m.serialize_entry("user_metadata", "")?;
