@@ -187,20 +187,29 @@ def _dropout(input, p=0.5, training=True, inplace=False):
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The fused attention kernel CUDA's dispatcher would choose, on meta tensors."""
-    fused_ok = (not enable_gqa and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.size(-1) <= 256
-                and q.device.type == "meta")
-    if not fused_ok:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
-                                                                  scale=scale)[0]
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, needs_grad, dropout_p,
-                                                                  is_causal, scale=scale)[0]
+    """The attention kernel CUDA's dispatcher would choose, on meta tensors: flash for half types
+    without a mask, grouped-query attention included (``enable_gqa`` with key/value heads
+    dividing the query heads: flash reads the shared heads in place, as transformers' models
+    ask for with ``enable_gqa=True`` even when the heads agree); memory-efficient otherwise, when
+    the heads agree; else the math path, whose fp32 attention matrix is what CUDA's math kernel
+    keeps too."""
+    dense = (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.size(-1) <= 256 and q.device.type == "meta")
+    if dense:
+        hq, hk, hv = q.size(1), k.size(1), v.size(1)
+        same_heads = hq == hk == hv
+        grouped = bool(enable_gqa) and hk == hv and 0 < hk and hq % hk == 0
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and (same_heads or grouped):
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
+                                                                      scale=scale)[0]
+        if same_heads:
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(),
+                                                                                  float("-inf"))
+            return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, needs_grad, dropout_p,
+                                                                          is_causal, scale=scale)[0]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale, enable_gqa=enable_gqa)
 
 
 class _Track(TorchDispatchMode):
