@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import _cudnn_model
-from .estimate import TraceBuilder, _estimate_from, cublas_workspace_bytes, cublaslt_workspace_bytes
+from ._estimate_core import TraceBuilder, cublas_workspace_bytes, cublaslt_workspace_bytes, estimate_from
 
 META = torch.device("meta")
 
@@ -423,7 +423,7 @@ class Recorder:
             notes.append(f"cuDNN workspaces of {self.conv_passes} convolution passes modelled"
                          + (f", {len(self._benchmarked)} of them benchmarked (trial workspace and cache release)"
                             if self._benchmarked else ""))
-        return _estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
+        return estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
 
 
 # The frame names of modelled cuDNN workspaces are a contract: estimate replays shrink the
