@@ -27,7 +27,11 @@ workspace and a cache release (:mod:`cudamem._cudnn_model`). Foreach optimizer k
 enabled for meta tensors, since on CUDA optimizers take them and their temporaries differ from
 the per-tensor loop. What only real kernels allocate and no rule models is listed in the
 estimate's ``left_out`` (other cuDNN workspaces, kernel-internal scratch buffers, NCCL).
-Every patch is undone on exit, also when the code raises.
+The code may not read tensor values, with one exception: a whole-tensor ``all()`` or ``any()``
+read at once (``if mask.all():``, the checks model libraries make for padding, packed sequences
+or non-finite values) answers as for ordinary data, True and False, and the estimate says how
+many it answered; any other read raises an error that says so. Every patch is undone on exit,
+also when the code raises.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import _cudnn_model
+from . import _cudnn_model, _estimate_streams
 from ._estimate_core import TraceBuilder, cublas_workspace_bytes, cublaslt_workspace_bytes, estimate_from
 
 META = torch.device("meta")
@@ -59,7 +63,30 @@ _CONV = {"convolution", "convolution_backward"}
 _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",
             "index_put", "_index_put_impl_", "scatter_reduce", "_embedding_bag", "multinomial", "kthvalue",
             "median", "nll_loss_forward", "_fused_adam", "_fused_adamw",
-            "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward"}
+            "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+            "_ctc_loss_backward"}
+
+# Reads of a tensor's value (``.item()``, ``bool(t)``), and the reductions whose value the
+# recorder answers as for ordinary data (module doc).
+_READS = {"_local_scalar_dense", "is_nonzero"}
+_CHECKS = {"all", "any"}
+
+
+
+def _ctc_loss(log_probs, targets, *rest, **kw):
+    """CUDA's ``_ctc_loss`` outputs: the per-sample loss and ``log_alpha`` (batch, time,
+    2 * longest target + 1), kept for backward; padded 2-D targets bound the longest target."""
+    t, n = log_probs.shape[0], log_probs.shape[1]
+    longest = targets.shape[1] if targets.dim() == 2 else targets.shape[0]
+    return (log_probs.new_empty((n,)), log_probs.new_empty((n, t, 2 * longest + 1)))
+
+
+def _ctc_loss_backward(grad, log_probs, *rest, **kw):
+    return torch.empty_like(log_probs)
+
+
+# Ops with no meta kernel, given the outputs their CUDA kernels return.
+_NO_META = {"_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward}
 
 _LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
         torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
@@ -226,7 +253,14 @@ class _Track(TorchDispatchMode):
             rec.left_out.setdefault("cudnn:" + name, f"cuDNN workspaces of {name}")
         elif name in _SCRATCH:
             rec.left_out.setdefault("scratch:" + name, f"scratch memory inside {name} kernels")
-        out = func(*args, **(kwargs or {}))
+        elif name in _READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return rec._read(args[0], name)
+        if name in _NO_META and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            out = _NO_META[name](*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
+        if name in _CHECKS and isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 0:
+            rec.checks[id(out)] = (weakref.ref(out), name == "all")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
                 rec._track(t, name)
@@ -247,21 +281,29 @@ class Recorder:
         self.autocast: List[_Autocast] = []
         self.cast_cache: Dict[int, tuple] = {}
         self._ws_keys: set = set()
+        self._lt_streams: set = set()
+        self.stream = 0  # the current stream's number (cudamem._estimate_streams)
         self._benchmarked: set = set()
         self.conv_passes = 0
         self._sizes: Dict[int, int] = {}
+        self.checks: Dict[int, tuple] = {}
+        self.answered = 0
         self._open = False
         self._undo: List[Any] = []
 
     # -- recording ---------------------------------------------------------------------------
     def _workspace(self) -> None:
-        key = "backward" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        """torch's cuBLAS workspace per (handle, stream), a handle per thread (the backward pass
+        has its own), and its cuBLASLt workspace once per stream, whatever thread asks first."""
+        thread = "backward" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        key = (thread, self.stream)
         if key not in self._ws_keys:
-            first = not self._ws_keys
             self._ws_keys.add(key)
-            self.builder.alloc(("cublas", key), self.workspace, frames=_frame("cuBLAS workspace"))
-            if first:  # the cuBLASLt workspace: one per stream, whatever thread asks first
-                self.builder.alloc("cublaslt", self.lt_workspace, frames=_frame("cuBLASLt workspace"))
+            self.builder.alloc(("cublas", key), self.workspace, stream=self.stream, frames=_frame("cuBLAS workspace"))
+            if self.stream not in self._lt_streams:
+                self._lt_streams.add(self.stream)
+                self.builder.alloc(("cublaslt", self.stream), self.lt_workspace, stream=self.stream,
+                                   frames=_frame("cuBLASLt workspace"))
 
     def _convolution(self, name: str, args: tuple, out: Any) -> None:
         """cuDNN's memory for a convolution op whose outputs are recorded: per pass, under
@@ -290,10 +332,11 @@ class Recorder:
             self.conv_passes += 1
             if benchmark and p.key not in self._benchmarked:
                 self._benchmarked.add(p.key)
-                self.builder.alloc("cudnn-trial", p.trial, frames=_frame("cuDNN benchmark workspace"))
+                self.builder.alloc("cudnn-trial", p.trial, stream=self.stream,
+                                   frames=_frame("cuDNN benchmark workspace"))
                 self.builder.free("cudnn-trial")
                 self.builder.empty_cache()
-            self.builder.alloc("cudnn", p.workspace, frames=_frame("cuDNN workspace"))
+            self.builder.alloc("cudnn", p.workspace, stream=self.stream, frames=_frame("cuDNN workspace"))
             self.builder.free("cudnn")
 
     def _track(self, t: torch.Tensor, op: str) -> None:
@@ -303,9 +346,21 @@ class Recorder:
         if old == n:
             return
         self._sizes[k] = n
-        self.builder.alloc(k, n, frames=_frame("aten." + op))
+        self.builder.alloc(k, n, stream=self.stream, frames=_frame("aten." + op))
         if old is None:
             weakref.finalize(s, self._dead, k)
+
+    def _read(self, t: torch.Tensor, op: str) -> Any:
+        """The value of a meta tensor that the code reads: a whole-tensor ``all()`` answers True
+        and ``any()`` False (the checks libraries make for padding, packed sequences or
+        non-finite values, which the generated data has none of); any other read is an error."""
+        hit = self.checks.get(id(t))
+        if hit is not None and hit[0]() is t:
+            self.answered += 1
+            return hit[1]
+        raise RuntimeError(f"the recorded code reads a tensor's value (aten.{op}: .item(), bool(), printing, or a "
+                           "data-dependent shape), which a GPU-free estimate cannot know: only whole-tensor "
+                           "all()/any() checks are answered (as for ordinary data)")
 
     def _dead(self, k: int) -> None:
         self._sizes.pop(k, None)
@@ -353,6 +408,20 @@ class Recorder:
         self._patch(ac_cls, "__enter__", ac_enter)
         self._patch(ac_cls, "__exit__", ac_exit)
         self._patch(torch.cuda, "synchronize", lambda device=None: None)
+        for obj, name, value in _estimate_streams.patches(self):
+            self._patch(obj, name, value)
+
+        def compile_(model=None, **kwargs):
+            # Dynamo stands aside under the recorder's modes: what runs is the eager code. Said
+            # so, since compiled kernels keep other tensors (and reduce-overhead a graph pool).
+            mode = kwargs.get("mode") or "default"
+            rec.left_out.setdefault("compile:" + mode, f"torch.compile (mode {mode}): recorded as eager code; "
+                                    "compiled kernels save other tensors for backward"
+                                    + (", and CUDA graphs keep a private memory pool" if "overhead" in mode
+                                       or "cudagraphs" in mode else ""))
+            return (lambda m: m) if model is None else model
+
+        self._patch(torch, "compile", compile_)
         # Module.to("cuda") keeps a tied parameter tied (``param.data = ...``); CPU -> meta cannot
         # set data, and its fallback makes a new Parameter per module (two weights, two grads,
         # two optimizer states). Swapping tensors keeps the Parameter objects, so ties hold.
@@ -401,6 +470,7 @@ class Recorder:
             m.__exit__(None, None, None)
         self._unpatch()
         self.cast_cache.clear()
+        self.checks.clear()
         self._open = False
         return False
 
@@ -416,9 +486,12 @@ class Recorder:
         if self._open:
             raise RuntimeError("estimate() after the recorded block, not inside it")
         notes = list(self.notes)
+        if self.answered:
+            notes.append(f"{self.answered} all()/any() check(s) of tensor values answered as for ordinary data "
+                         "(all() true, any() false)")
         if self._ws_keys:
-            notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes and a cuBLASLt "
-                         f"workspace of {self.lt_workspace} bytes modelled")
+            notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes and "
+                         f"{len(self._lt_streams)} cuBLASLt workspace(s) of {self.lt_workspace} bytes modelled")
         if self.conv_passes:
             notes.append(f"cuDNN workspaces of {self.conv_passes} convolution passes modelled"
                          + (f", {len(self._benchmarked)} of them benchmarked (trial workspace and cache release)"
