@@ -23,6 +23,7 @@ at its tiny size and stands a CPU recording in for every GPU run (the capacities
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -133,6 +134,10 @@ def check(name, a, caps):
     dry = ["--dry"] if a.dry_run else []
     r = {"job": name, "set": "validation" if name in zoo.VALIDATION else "development", "family": job.family,
          "exercises": list(job.exercises), "at": at, "dry_run": a.dry_run}
+    missing = [lib for lib in job.needs if importlib.util.find_spec(lib) is None]
+    if missing:
+        r["skipped"] = f"needs {', '.join(missing)} (see zoo_check.sh for carrying their wheels)"
+        return r
     allocators = [x for x in a.allocators.split(",") if x]
     phase1 = [(("measured", al), ["run", name, "--batch", at, "--allocator", al, *dry], None) for al in allocators]
     phase1.append((("gpu_free", None), ["estimate", name, "--batch", at, "--caps", ",".join(str(c) for _, c in caps),
@@ -225,6 +230,9 @@ def table(results, caps, allocators):
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [r["job"], r["set"], str(r["at"])]
+        if "skipped" in r:
+            rows.append("| " + " | ".join(cells + [f"skipped: {r['skipped']}"] + [""] * (len(head) - 4)) + " |")
+            continue
         for al in allocators:
             m = r.get("measured", {}).get(al, {})
             cells.append(gib(m.get("peak_reserved")) if m.get("ok") else f"error: {str(m.get('error'))[:80]}")
@@ -238,7 +246,7 @@ def table(results, caps, allocators):
 def summary(results, allocators):
     lines = []
     for s in ("development", "validation"):
-        rs = [r for r in results if r["set"] == s]
+        rs = [r for r in results if r["set"] == s and "skipped" not in r]
         for al in allocators:
             errs = [abs(r["measured"][al]["error"]) for r in rs if r.get("measured", {}).get(al, {}).get("error")
                     is not None]
@@ -292,7 +300,7 @@ def main():
     a.allocators = ",".join(allocators)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start, results_skipped = time.perf_counter(), []
     for n in [] if a.report_only else names:
         path = out / f"zoo-{n}.json"
         if path.exists() and not a.again:
@@ -304,10 +312,14 @@ def main():
         t0 = time.perf_counter()
         r = check(n, a, caps)
         r["seconds"] = time.perf_counter() - t0
+        if "skipped" in r:  # not written: a later run with the library runs it
+            print(f"{n}: skipped, {r['skipped']}", flush=True)
+            results_skipped.append(r)
+            continue
         path.write_text(json.dumps(r, indent=1))
         print(f"{n}: {r['seconds']:.0f} s, {r['verdict']}", flush=True)
     results = [json.loads(p.read_text()) for p in sorted(out.glob("zoo-*.json")) if p.name != "zoo-check.json"]
-    results = [r for r in results if r["job"] in names or a.report_only]
+    results = [r for r in results if r["job"] in names or a.report_only] + results_skipped
     results.sort(key=lambda r: (r["set"] != "development", list(zoo.JOBS).index(r["job"]) if r["job"] in zoo.JOBS
                                 else 0))
     md = table(results, caps, allocators) + "\n\n" + summary(results, allocators)
