@@ -25,8 +25,12 @@ A 2-D half-precision convolution (``convolution``, ``convolution_backward``) als
 cuDNN's workspace per pass and, under ``cudnn.benchmark``, at a pass's first call the trial
 workspace and a cache release (:mod:`cudamem._cudnn_model`). Foreach optimizer kernels are
 enabled for meta tensors, since on CUDA optimizers take them and their temporaries differ from
-the per-tensor loop. What only real kernels allocate and no rule models is listed in the
-estimate's ``left_out`` (other cuDNN workspaces, kernel-internal scratch buffers, NCCL).
+the per-tensor loop. Side streams are stood in for (:mod:`cudamem._estimate_streams`): each
+allocation is recorded on the stream current when it is made. Ops with no meta kernel that jobs
+use (CTC loss) get the outputs their CUDA kernels return. ``torch.compile`` returns the code
+unchanged (dynamo stands aside under these modes anyway) and says so. What only real kernels
+allocate and no rule models is listed in the estimate's ``left_out`` (other cuDNN workspaces,
+kernel-internal scratch buffers, NCCL, what compiling changes).
 The code may not read tensor values, with one exception: a whole-tensor ``all()`` or ``any()``
 read at once (``if mask.all():``, the checks model libraries make for padding, packed sequences
 or non-finite values) answers as for ordinary data, True and False, and the estimate says how
@@ -48,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import _cudnn_model, _estimate_streams
+from ._estimate_kernels import NO_META, dropout, sdpa
 from ._estimate_core import TraceBuilder, cublas_workspace_bytes, cublaslt_workspace_bytes, estimate_from
 
 META = torch.device("meta")
@@ -71,22 +76,6 @@ _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum"
 _READS = {"_local_scalar_dense", "is_nonzero"}
 _CHECKS = {"all", "any"}
 
-
-
-def _ctc_loss(log_probs, targets, *rest, **kw):
-    """CUDA's ``_ctc_loss`` outputs: the per-sample loss and ``log_alpha`` (batch, time,
-    2 * longest target + 1), kept for backward; padded 2-D targets bound the longest target."""
-    t, n = log_probs.shape[0], log_probs.shape[1]
-    longest = targets.shape[1] if targets.dim() == 2 else targets.shape[0]
-    return (log_probs.new_empty((n,)), log_probs.new_empty((n, t, 2 * longest + 1)))
-
-
-def _ctc_loss_backward(grad, log_probs, *rest, **kw):
-    return torch.empty_like(log_probs)
-
-
-# Ops with no meta kernel, given the outputs their CUDA kernels return.
-_NO_META = {"_ctc_loss": _ctc_loss, "_ctc_loss_backward": _ctc_loss_backward}
 
 _LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
         torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
@@ -154,9 +143,9 @@ class _Redirect(TorchFunctionMode):
                 logp = F.log_softmax(args[0], dim, dtype=args[0].dtype)
                 return F.nll_loss(logp.to(torch.float32), *args[1:], **kw)
         if func is F.scaled_dot_product_attention:
-            return _sdpa(*args, **kwargs)
+            return sdpa(*args, **kwargs)
         if func is F.dropout:
-            return _dropout(*args, **kwargs)
+            return dropout(*args, **kwargs)
         if func is torch.Tensor.backward:
             # This mode is off while it handles a call, and the backward pass can run Python that
             # needs it (activation checkpointing's recomputation): back on for the duration, around
@@ -205,40 +194,6 @@ def _eligible(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "meta" and t.is_floating_point() and t.dtype != torch.float64
 
 
-def _dropout(input, p=0.5, training=True, inplace=False):
-    """CUDA's dropout: native_dropout, whose mask (kept for backward) is one byte an element;
-    elsewhere dropout multiplies by a noise tensor of the input's dtype."""
-    if not training or p == 0.0 or inplace or input.device.type != "meta":
-        return F.dropout(input, p, training, inplace)
-    return torch.ops.aten.native_dropout(input, p, True)[0]
-
-
-def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The attention kernel CUDA's dispatcher would choose, on meta tensors: flash for half types
-    without a mask, grouped-query attention included (``enable_gqa`` with key/value heads
-    dividing the query heads: flash reads the shared heads in place, as transformers' models
-    ask for with ``enable_gqa=True`` even when the heads agree); memory-efficient otherwise, when
-    the heads agree; else the math path, whose fp32 attention matrix is what CUDA's math kernel
-    keeps too."""
-    dense = (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.size(-1) <= 256 and q.device.type == "meta")
-    if dense:
-        hq, hk, hv = q.size(1), k.size(1), v.size(1)
-        same_heads = hq == hk == hv
-        grouped = bool(enable_gqa) and hk == hv and 0 < hk and hq % hk == 0
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and (same_heads or grouped):
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
-                                                                      scale=scale)[0]
-        if same_heads:
-            if attn_mask is not None and attn_mask.dtype == torch.bool:
-                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(),
-                                                                                  float("-inf"))
-            return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, needs_grad, dropout_p,
-                                                                          is_causal, scale=scale)[0]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                          scale=scale, enable_gqa=enable_gqa)
-
-
 class _Track(TorchDispatchMode):
     def __init__(self, rec: "Recorder") -> None:
         super().__init__()
@@ -255,8 +210,8 @@ class _Track(TorchDispatchMode):
             rec.left_out.setdefault("scratch:" + name, f"scratch memory inside {name} kernels")
         elif name in _READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return rec._read(args[0], name)
-        if name in _NO_META and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
-            out = _NO_META[name](*args, **(kwargs or {}))
+        if name in NO_META and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            out = NO_META[name](*args, **(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
         if name in _CHECKS and isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 0:

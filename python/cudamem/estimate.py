@@ -37,6 +37,10 @@ from ._estimate_core import (DEFAULT_POLICIES, LIKELY_SHARE, MIN_CAPACITY, ORDER
                              TraceBuilder, capacity_bytes, cublas_workspace_bytes, cublaslt_workspace_bytes,
                              headline, human, recording, replay, scale)
 
+__all__ = ["DEFAULT_POLICIES", "LIKELY_SHARE", "MAY_FIT_SPAN", "MIN_CAPACITY", "ORDERS", "SAFE_MARGIN", "Estimate",
+           "TraceBuilder", "capacity_bytes", "cublas_workspace_bytes", "cublaslt_workspace_bytes", "estimate",
+           "headline", "human", "largest_batch", "main", "recording", "replay", "scale"]
+
 
 def estimate(fn: Callable, *args: Any, device_memory: Any = None, policies: Sequence[str] = DEFAULT_POLICIES,
              config: Optional[str] = None, compute_capability: int = 9, **kwargs: Any) -> Estimate:
