@@ -57,10 +57,14 @@ def test_the_jobs_that_need_torch_alone_record_at_their_tiny_size():
 @needs_torch
 def test_the_runner_dry_run_writes_its_results_and_gathers_them(tmp_path):
     run = [sys.executable, str(SCRIPTS / "zoo_check.py"), "--dry-run", "--out", str(tmp_path)]
-    p = subprocess.run(run + ["--only", "moe_switch", "--allocators", "native", "--caps", "512MiB", "--tries", "1"],
-                       capture_output=True, text=True, timeout=600)
+    one = ["--only", "moe_switch", "--allocators", "native", "--caps", "512MiB"]
+    # The GPU-free answers made ahead, then taken from their file by the run.
+    p = subprocess.run(run + one + ["--gpu-free-only"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and (tmp_path / "zoo-moe_switch-gpufree.json").exists(), p.stdout + p.stderr[-2000:]
+    p = subprocess.run(run + one + ["--tries", "1"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     r = json.loads((tmp_path / "zoo-moe_switch.json").read_text())
+    assert r["gpu_free"]["from_file"] == "zoo-moe_switch-gpufree.json", r["gpu_free"].keys()
     assert r["set"] == "development" and r["measured"]["native"]["ok"], r
     # A dry run's measurement is the recording itself: the estimate agrees by construction.
     assert r["measured"]["native"]["error"] == 0.0, r["measured"]
@@ -71,8 +75,7 @@ def test_the_runner_dry_run_writes_its_results_and_gathers_them(tmp_path):
     md = (tmp_path / "zoo-check.md").read_text()
     assert "dry run" in md and "| moe_switch | development |" in md, md
     # A second run finds the results and skips the job; a bad option is an error naming it.
-    p = subprocess.run(run + ["--only", "moe_switch", "--allocators", "native", "--caps", "512MiB"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(run + one, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "skipped" in p.stdout, p.stdout + p.stderr
     p = subprocess.run(run + ["--only", "moe_switch", "--allocators", "tcmalloc"], capture_output=True, text=True,
                        timeout=120)

@@ -17,7 +17,9 @@ For each job, in fresh processes (one per job, batch and allocator; the GPU-free
 
 Each job's results go to DIR/zoo-<job>.json as soon as it is done (a later run skips the jobs
 found there unless --again), and DIR/zoo-check.json and DIR/zoo-check.md gather them all, so a
-session with a time limit can run the zoo a few jobs at a time. ``--dry-run`` builds each job
+session with a time limit can run the zoo a few jobs at a time. The GPU-free answers need no
+GPU: ``--gpu-free-only`` computes them ahead (DIR/zoo-<job>-gpufree.json, on any machine with
+the same torch and libraries), and the GPU run then takes them from there. ``--dry-run`` builds each job
 at its tiny size and stands a CPU recording in for every GPU run (the capacities shrink to
 ``DRY_CAPACITIES``): it tries the orchestration, and its figures agree by construction.
 """
@@ -51,6 +53,7 @@ def child(argv):
     ap.add_argument("--caps", default="")
     ap.add_argument("--allocator", choices=list(ALLOCATORS), default="native")
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--largest-only", action="store_true", help="estimate: only the largest batches")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     if a.allocator == "cudamem" and not a.dry and a.mode == "run":
@@ -65,8 +68,8 @@ def child(argv):
     if a.mode == "estimate":
         import cudamem.estimate as est
 
-        e = est.estimate(job.run, a.batch, torch.device("cuda"), a.dry, policies=list(ALLOCATORS.values()))
-        out = e.as_dict()
+        out = {} if a.largest_only else est.estimate(job.run, a.batch, torch.device("cuda"), a.dry,
+                                                      policies=list(ALLOCATORS.values())).as_dict()
         out["largest"] = {}
         for cap in filter(None, a.caps.split(",")):
             r = est.largest_batch(job.run, int(cap), torch.device("cuda"), a.dry,
@@ -139,12 +142,12 @@ def check(name, a, caps):
         r["skipped"] = f"needs {', '.join(missing)} (see zoo_check.sh for carrying their wheels)"
         return r
     allocators = [x for x in a.allocators.split(",") if x]
-    phase1 = [(("measured", al), ["run", name, "--batch", at, "--allocator", al, *dry], None) for al in allocators]
-    phase1.append((("gpu_free", None), ["estimate", name, "--batch", at, "--caps", ",".join(str(c) for _, c in caps),
-                                        *dry], {"CUDA_VISIBLE_DEVICES": ""}))
-    with ThreadPoolExecutor(max(1, a.jobs) + 1) as pool:  # + 1: the GPU-free estimate runs on the CPU
-        got = list(pool.map(lambda p: (p[0], spawn(p[1], a.timeout * (4 if p[0][0] == "gpu_free" else 1), p[2])),
-                            phase1))
+    # The GPU-free estimate runs on the CPU beside the measured runs (one more worker).
+    with ThreadPoolExecutor(max(1, a.jobs) + 1) as pool:
+        free = pool.submit(gpu_free, name, a, caps, at)
+        got = list(pool.map(lambda al: (("measured", al), spawn(["run", name, "--batch", at, "--allocator", al, *dry],
+                                                                a.timeout)), allocators))
+        got.append((("gpu_free", None), free.result()))
     r["measured"] = {al: res for (kind, al), res in got if kind == "measured"}
     gf = r["gpu_free"] = next(res for (kind, _), res in got if kind == "gpu_free")
     for al in allocators:
@@ -172,6 +175,31 @@ def check(name, a, caps):
         slot["runs"].append({k: res.get(k) for k in ("ok", "error", "peak_reserved", "seconds")})
     r["verdict"] = verdict(r, caps, allocators)
     return r
+
+
+def gpu_free(name, a, caps, at):
+    """The GPU-free answers for one job: from DIR/zoo-<job>-gpufree.json when that holds these
+    capacities (made ahead with --gpu-free-only, on any machine: no GPU is needed), else from
+    CPU processes side by side, one for the estimate at the check batch and one per capacity."""
+    path = Path(a.out) / f"zoo-{name}-gpufree.json"
+    want = [str(c) for _, c in caps]
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("dry_run") == a.dry_run and set(want) <= set(saved.get("largest", {})):
+            saved["from_file"] = path.name
+            return saved
+    dry = ["--dry"] if a.dry_run else []
+    parts = [["estimate", name, "--batch", at, *dry]]
+    parts += [["estimate", name, "--batch", at, "--caps", c, "--largest-only", *dry] for c in want]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        got = list(pool.map(lambda p: spawn(p, a.cpu_timeout, {"CUDA_VISIBLE_DEVICES": ""}), parts))
+    out = dict(got[0], largest={}, dry_run=a.dry_run)
+    for res in got[1:]:
+        if "error" in res:
+            out.setdefault("largest_errors", []).append(res["error"])
+        out["largest"].update(res.get("largest", {}))
+        out["seconds"] = max(out.get("seconds", 0), res.get("seconds", 0))
+    return out
 
 
 def answers(row):
@@ -273,6 +301,9 @@ def main():
     ap.add_argument("--tries", type=int, default=3, help="fresh processes per capped batch")
     ap.add_argument("--jobs", type=int, default=3, help="processes side by side")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds for one GPU process")
+    ap.add_argument("--cpu-timeout", type=float, default=1800.0, help="seconds for one GPU-free process")
+    ap.add_argument("--gpu-free-only", action="store_true",
+                    help="only the GPU-free answers, to DIR/zoo-<job>-gpufree.json (no GPU needed)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds; no job starts past it")
     ap.add_argument("--again", action="store_true", help="rerun jobs whose results are in --out")
     ap.add_argument("--report-only", action="store_true", help="only gather --out's results into the table")
@@ -301,6 +332,23 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     start, results_skipped = time.perf_counter(), []
+    if a.gpu_free_only:
+        import zoo as registry
+
+        for n in names:
+            job = registry.JOBS[n]
+            missing = [lib for lib in job.needs if importlib.util.find_spec(lib) is None]
+            if missing:
+                print(f"{n}: skipped, needs {', '.join(missing)}", flush=True)
+                continue
+            path = out / f"zoo-{n}-gpufree.json"
+            path.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            res = gpu_free(n, a, caps, job.dry_at if a.dry_run else job.at)
+            path.write_text(json.dumps(res, indent=1))
+            print(f"{n}: GPU-free answers in {time.perf_counter() - t0:.0f} s -> {path}"
+                  + (f" (error: {res['error'][:200]})" if "error" in res else ""), flush=True)
+        return 0
     for n in [] if a.report_only else names:
         path = out / f"zoo-{n}.json"
         if path.exists() and not a.again:
@@ -318,7 +366,8 @@ def main():
             continue
         path.write_text(json.dumps(r, indent=1))
         print(f"{n}: {r['seconds']:.0f} s, {r['verdict']}", flush=True)
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("zoo-*.json")) if p.name != "zoo-check.json"]
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("zoo-*.json"))
+               if p.name != "zoo-check.json" and not p.name.endswith("-gpufree.json")]
     results = [r for r in results if r["job"] in names or a.report_only] + results_skipped
     results.sort(key=lambda r: (r["set"] != "development", list(zoo.JOBS).index(r["job"]) if r["job"] in zoo.JOBS
                                 else 0))
