@@ -54,9 +54,11 @@ JOBS = {
                        needs=("transformers",)),
     "vit_frozen": Job(vision.vit_frozen, "vision transformer", ("frozen backbone",), (16, 32, 48), 128,
                       needs=("timm",)),
-    "deeplab_seg": Job(vision.deeplab_seg, "convnet", ("segmentation",), (2, 4, 6), 16, needs=("torchvision",)),
+    # Batch norm in training needs 2 or more samples where pooling leaves one value per channel.
+    "deeplab_seg": Job(vision.deeplab_seg, "convnet", ("segmentation",), (2, 4, 6), 16, (2, 3, 4),
+                       needs=("torchvision",)),
     "resnet_streams": Job(vision.resnet_streams, "convnet", ("several streams", "channels-last"), (16, 32, 48), 128,
-                          needs=("torchvision",)),
+                          (2, 3, 4), needs=("torchvision",)),
     "wav2vec2_ctc": Job(speech.wav2vec2_ctc, "speech encoder", ("partially frozen layers", "CTC"), (2, 4, 6), 16,
                         needs=("torchaudio",)),
     "moe_switch": Job(custom.moe_switch, "decoder LM", ("MoE routing",), (1, 2, 3), 8),
