@@ -5,8 +5,8 @@ running a model that are not a model (torch.compile).
   the two lowest resolutions, skip connections) trained to predict noise on 4x64x64 latents,
   bf16 autocast, AdamW.
 * moe_switch: a decoder whose feed-forward layers are mixtures of 8 experts with top-2 routing
-  and a fixed capacity per expert (dispatch and combine by one-hot einsum, as Switch/GShard do,
-  so that no shape depends on the data), plus the load-balancing loss.
+  and a fixed capacity per expert and sequence (dispatch and combine by one-hot einsum, as
+  GShard does, so that no shape depends on the data), plus the load-balancing loss.
 * compile_default / compile_reduce_overhead: a GPT-style decoder under ``torch.compile``,
   default mode and ``mode="reduce-overhead"`` (CUDA graphs, with their private memory pool).
 """
@@ -101,7 +101,9 @@ def unet_diffusion(batch, dev, dry=False):
 
 
 class MoE(nn.Module):
-    """Top-2 routing over ``experts`` feed-forward experts with a fixed capacity each."""
+    """Top-2 routing over ``experts`` feed-forward experts, GShard-style: each sequence is a group
+    whose tokens fill each expert up to a fixed capacity (the rest are dropped), so that every
+    shape follows the batch linearly and none depends on the data."""
 
     def __init__(self, d, experts=8, ff=4, capacity_factor=1.25):
         super().__init__()
@@ -111,25 +113,23 @@ class MoE(nn.Module):
         self.experts, self.cf = experts, capacity_factor
 
     def forward(self, x):
-        b, t, d = x.shape
-        tokens = x.reshape(-1, d)
-        n, e = tokens.size(0), self.experts
-        cap = max(1, int(self.cf * 2 * n / e))
-        probs = F.softmax(self.router(tokens).float(), dim=-1)
+        g, s, d = x.shape  # groups (sequences) of s tokens
+        e = self.experts
+        cap = max(1, int(self.cf * 2 * s / e))
+        probs = F.softmax(self.router(x).float(), dim=-1)  # (g, s, e)
         gate, idx = probs.topk(2, dim=-1)
-        onehot = F.one_hot(idx, e).float()  # (n, 2, e)
-        # Position of each token in its expert's queue; past the capacity it is dropped.
-        pos = (onehot.reshape(-1, e).cumsum(0).reshape(n, 2, e) - 1) * onehot
+        onehot = F.one_hot(idx, e).float()  # (g, s, 2, e)
+        # Position of each token in its expert's queue, within its group; past the capacity it is dropped.
+        pos = (onehot.reshape(g, 2 * s, e).cumsum(1).reshape(g, s, 2, e) - 1) * onehot
         keep = onehot * (pos < cap).float()
-        slot = F.one_hot(pos.long().clamp(0, cap - 1), cap).float() * keep[..., None]  # (n, 2, e, cap)
-        dispatch = slot.sum(1)  # (n, e, cap)
-        combine = (slot * gate[..., None, None]).sum(1)
-        xin = torch.einsum("nec,nd->ecd", dispatch.to(tokens.dtype), tokens)
+        slot = F.one_hot(pos.long().clamp(0, cap - 1), cap).float() * keep[..., None]  # (g, s, 2, e, cap)
+        dispatch = slot.sum(2)  # (g, s, e, cap)
+        combine = (slot * gate[..., None, None]).sum(2)
+        xin = torch.einsum("gsec,gsd->egcd", dispatch.to(x.dtype), x).reshape(e, g * cap, d)
         h = F.gelu(torch.bmm(xin, self.w1.to(xin.dtype)))
-        out = torch.bmm(h, self.w2.to(h.dtype))
-        y = torch.einsum("nec,ecd->nd", combine.to(out.dtype), out)
-        self.aux = (probs.mean(0) * onehot[:, 0].mean(0)).sum() * e
-        return y.reshape(b, t, d)
+        out = torch.bmm(h, self.w2.to(h.dtype)).reshape(e, g, cap, d)
+        self.aux = (probs.mean((0, 1)) * onehot[:, :, 0].mean((0, 1))).sum() * e
+        return torch.einsum("gsec,egcd->gsd", combine.to(out.dtype), out)
 
 
 class MoEBlock(Block):
