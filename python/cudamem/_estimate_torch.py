@@ -25,9 +25,17 @@ A 2-D half-precision convolution (``convolution``, ``convolution_backward``) als
 cuDNN's workspace per pass and, under ``cudnn.benchmark``, at a pass's first call the trial
 workspace and a cache release (:mod:`cudamem._cudnn_model`). Foreach optimizer kernels are
 enabled for meta tensors, since on CUDA optimizers take them and their temporaries differ from
-the per-tensor loop. What only real kernels allocate and no rule models is listed in the
-estimate's ``left_out`` (other cuDNN workspaces, kernel-internal scratch buffers, NCCL).
-Every patch is undone on exit, also when the code raises.
+the per-tensor loop. Side streams are stood in for (:mod:`cudamem._estimate_streams`): each
+allocation is recorded on the stream current when it is made. Ops with no meta kernel that jobs
+use (CTC loss) get the outputs their CUDA kernels return. ``torch.compile`` returns the code
+unchanged (dynamo stands aside under these modes anyway) and says so. What only real kernels
+allocate and no rule models is listed in the estimate's ``left_out`` (other cuDNN workspaces,
+kernel-internal scratch buffers, NCCL, what compiling changes).
+The code may not read tensor values, with one exception: a whole-tensor ``all()`` or ``any()``
+read at once (``if mask.all():``, the checks model libraries make for padding, packed sequences
+or non-finite values) answers as for ordinary data, True and False, and the estimate says how
+many it answered; any other read raises an error that says so. Every patch is undone on exit,
+also when the code raises.
 """
 
 from __future__ import annotations
@@ -43,8 +51,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import _cudnn_model
-from .estimate import TraceBuilder, _estimate_from, cublas_workspace_bytes, cublaslt_workspace_bytes
+from . import _cudnn_model, _estimate_streams
+from ._estimate_kernels import NO_META, dropout, sdpa
+from ._estimate_core import TraceBuilder, cublas_workspace_bytes, cublaslt_workspace_bytes, estimate_from
 
 META = torch.device("meta")
 
@@ -59,7 +68,14 @@ _CONV = {"convolution", "convolution_backward"}
 _SCRATCH = {"sort", "argsort", "topk", "unique", "_unique2", "nonzero", "cumsum", "embedding_dense_backward",
             "index_put", "_index_put_impl_", "scatter_reduce", "_embedding_bag", "multinomial", "kthvalue",
             "median", "nll_loss_forward", "_fused_adam", "_fused_adamw",
-            "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward"}
+            "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+            "_ctc_loss_backward"}
+
+# Reads of a tensor's value (``.item()``, ``bool(t)``), and the reductions whose value the
+# recorder answers as for ordinary data (module doc).
+_READS = {"_local_scalar_dense", "is_nonzero"}
+_CHECKS = {"all", "any"}
+
 
 _LOW = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
         torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm,
@@ -127,9 +143,9 @@ class _Redirect(TorchFunctionMode):
                 logp = F.log_softmax(args[0], dim, dtype=args[0].dtype)
                 return F.nll_loss(logp.to(torch.float32), *args[1:], **kw)
         if func is F.scaled_dot_product_attention:
-            return _sdpa(*args, **kwargs)
+            return sdpa(*args, **kwargs)
         if func is F.dropout:
-            return _dropout(*args, **kwargs)
+            return dropout(*args, **kwargs)
         if func is torch.Tensor.backward:
             # This mode is off while it handles a call, and the backward pass can run Python that
             # needs it (activation checkpointing's recomputation): back on for the duration, around
@@ -178,31 +194,6 @@ def _eligible(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "meta" and t.is_floating_point() and t.dtype != torch.float64
 
 
-def _dropout(input, p=0.5, training=True, inplace=False):
-    """CUDA's dropout: native_dropout, whose mask (kept for backward) is one byte an element;
-    elsewhere dropout multiplies by a noise tensor of the input's dtype."""
-    if not training or p == 0.0 or inplace or input.device.type != "meta":
-        return F.dropout(input, p, training, inplace)
-    return torch.ops.aten.native_dropout(input, p, True)[0]
-
-
-def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The fused attention kernel CUDA's dispatcher would choose, on meta tensors."""
-    fused_ok = (not enable_gqa and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.size(-1) <= 256
-                and q.device.type == "meta")
-    if not fused_ok:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
-                                                                  scale=scale)[0]
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
-    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, needs_grad, dropout_p,
-                                                                  is_causal, scale=scale)[0]
-
-
 class _Track(TorchDispatchMode):
     def __init__(self, rec: "Recorder") -> None:
         super().__init__()
@@ -217,7 +208,14 @@ class _Track(TorchDispatchMode):
             rec.left_out.setdefault("cudnn:" + name, f"cuDNN workspaces of {name}")
         elif name in _SCRATCH:
             rec.left_out.setdefault("scratch:" + name, f"scratch memory inside {name} kernels")
-        out = func(*args, **(kwargs or {}))
+        elif name in _READS and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return rec._read(args[0], name)
+        if name in NO_META and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            out = NO_META[name](*args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
+        if name in _CHECKS and isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 0:
+            rec.checks[id(out)] = (weakref.ref(out), name == "all")
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
                 rec._track(t, name)
@@ -238,21 +236,29 @@ class Recorder:
         self.autocast: List[_Autocast] = []
         self.cast_cache: Dict[int, tuple] = {}
         self._ws_keys: set = set()
+        self._lt_streams: set = set()
+        self.stream = 0  # the current stream's number (cudamem._estimate_streams)
         self._benchmarked: set = set()
         self.conv_passes = 0
         self._sizes: Dict[int, int] = {}
+        self.checks: Dict[int, tuple] = {}
+        self.answered = 0
         self._open = False
         self._undo: List[Any] = []
 
     # -- recording ---------------------------------------------------------------------------
     def _workspace(self) -> None:
-        key = "backward" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        """torch's cuBLAS workspace per (handle, stream), a handle per thread (the backward pass
+        has its own), and its cuBLASLt workspace once per stream, whatever thread asks first."""
+        thread = "backward" if torch._C._current_graph_task_id() != -1 else threading.get_ident()
+        key = (thread, self.stream)
         if key not in self._ws_keys:
-            first = not self._ws_keys
             self._ws_keys.add(key)
-            self.builder.alloc(("cublas", key), self.workspace, frames=_frame("cuBLAS workspace"))
-            if first:  # the cuBLASLt workspace: one per stream, whatever thread asks first
-                self.builder.alloc("cublaslt", self.lt_workspace, frames=_frame("cuBLASLt workspace"))
+            self.builder.alloc(("cublas", key), self.workspace, stream=self.stream, frames=_frame("cuBLAS workspace"))
+            if self.stream not in self._lt_streams:
+                self._lt_streams.add(self.stream)
+                self.builder.alloc(("cublaslt", self.stream), self.lt_workspace, stream=self.stream,
+                                   frames=_frame("cuBLASLt workspace"))
 
     def _convolution(self, name: str, args: tuple, out: Any) -> None:
         """cuDNN's memory for a convolution op whose outputs are recorded: per pass, under
@@ -281,10 +287,11 @@ class Recorder:
             self.conv_passes += 1
             if benchmark and p.key not in self._benchmarked:
                 self._benchmarked.add(p.key)
-                self.builder.alloc("cudnn-trial", p.trial, frames=_frame("cuDNN benchmark workspace"))
+                self.builder.alloc("cudnn-trial", p.trial, stream=self.stream,
+                                   frames=_frame("cuDNN benchmark workspace"))
                 self.builder.free("cudnn-trial")
                 self.builder.empty_cache()
-            self.builder.alloc("cudnn", p.workspace, frames=_frame("cuDNN workspace"))
+            self.builder.alloc("cudnn", p.workspace, stream=self.stream, frames=_frame("cuDNN workspace"))
             self.builder.free("cudnn")
 
     def _track(self, t: torch.Tensor, op: str) -> None:
@@ -294,9 +301,21 @@ class Recorder:
         if old == n:
             return
         self._sizes[k] = n
-        self.builder.alloc(k, n, frames=_frame("aten." + op))
+        self.builder.alloc(k, n, stream=self.stream, frames=_frame("aten." + op))
         if old is None:
             weakref.finalize(s, self._dead, k)
+
+    def _read(self, t: torch.Tensor, op: str) -> Any:
+        """The value of a meta tensor that the code reads: a whole-tensor ``all()`` answers True
+        and ``any()`` False (the checks libraries make for padding, packed sequences or
+        non-finite values, which the generated data has none of); any other read is an error."""
+        hit = self.checks.get(id(t))
+        if hit is not None and hit[0]() is t:
+            self.answered += 1
+            return hit[1]
+        raise RuntimeError(f"the recorded code reads a tensor's value (aten.{op}: .item(), bool(), printing, or a "
+                           "data-dependent shape), which a GPU-free estimate cannot know: only whole-tensor "
+                           "all()/any() checks are answered (as for ordinary data)")
 
     def _dead(self, k: int) -> None:
         self._sizes.pop(k, None)
@@ -344,6 +363,20 @@ class Recorder:
         self._patch(ac_cls, "__enter__", ac_enter)
         self._patch(ac_cls, "__exit__", ac_exit)
         self._patch(torch.cuda, "synchronize", lambda device=None: None)
+        for obj, name, value in _estimate_streams.patches(self):
+            self._patch(obj, name, value)
+
+        def compile_(model=None, **kwargs):
+            # Dynamo stands aside under the recorder's modes: what runs is the eager code. Said
+            # so, since compiled kernels keep other tensors (and reduce-overhead a graph pool).
+            mode = kwargs.get("mode") or "default"
+            rec.left_out.setdefault("compile:" + mode, f"torch.compile (mode {mode}): recorded as eager code; "
+                                    "compiled kernels save other tensors for backward"
+                                    + (", and CUDA graphs keep a private memory pool" if "overhead" in mode
+                                       or "cudagraphs" in mode else ""))
+            return (lambda m: m) if model is None else model
+
+        self._patch(torch, "compile", compile_)
         # Module.to("cuda") keeps a tied parameter tied (``param.data = ...``); CPU -> meta cannot
         # set data, and its fallback makes a new Parameter per module (two weights, two grads,
         # two optimizer states). Swapping tensors keeps the Parameter objects, so ties hold.
@@ -392,6 +425,7 @@ class Recorder:
             m.__exit__(None, None, None)
         self._unpatch()
         self.cast_cache.clear()
+        self.checks.clear()
         self._open = False
         return False
 
@@ -407,14 +441,17 @@ class Recorder:
         if self._open:
             raise RuntimeError("estimate() after the recorded block, not inside it")
         notes = list(self.notes)
+        if self.answered:
+            notes.append(f"{self.answered} all()/any() check(s) of tensor values answered as for ordinary data "
+                         "(all() true, any() false)")
         if self._ws_keys:
-            notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes and a cuBLASLt "
-                         f"workspace of {self.lt_workspace} bytes modelled")
+            notes.append(f"{len(self._ws_keys)} cuBLAS workspace(s) of {self.workspace} bytes and "
+                         f"{len(self._lt_streams)} cuBLASLt workspace(s) of {self.lt_workspace} bytes modelled")
         if self.conv_passes:
             notes.append(f"cuDNN workspaces of {self.conv_passes} convolution passes modelled"
                          + (f", {len(self._benchmarked)} of them benchmarked (trial workspace and cache release)"
                             if self._benchmarked else ""))
-        return _estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
+        return estimate_from(self.builder, sorted(self.left_out.values()), notes, device_memory, policies, config)
 
 
 # The frame names of modelled cuDNN workspaces are a contract: estimate replays shrink the

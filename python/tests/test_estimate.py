@@ -16,7 +16,7 @@ import pytest
 
 import cudamem
 import cudamem.estimate as est
-from cudamem import _largest_batch
+from cudamem import _estimate_core, _largest_batch
 
 MIB = 1 << 20
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and "fake_torch" not in str(
@@ -93,18 +93,18 @@ def test_builder_writes_a_snapshot_the_replay_reads():
 
 
 def test_estimate_result_reports_fit_and_what_it_leaves_out():
-    e = est._estimate_from(job(4), ["cuDNN workspaces"], ["a note"], "1GiB", ["pytorch", "cudamem"], None)
+    e = _estimate_core.estimate_from(job(4), ["cuDNN workspaces"], ["a note"], "1GiB", ["pytorch", "cudamem"], None)
     assert set(e.peak_reserved) == {"pytorch", "cudamem"}
     assert e.peak_requested == 4 * 30 * MIB + (0 + 1 + 2 + 3) * 512 + 4 * 25 * MIB + 8 * MIB
     assert e.fits("pytorch") is True
     text = str(e)
     assert "not counted: cuDNN workspaces" in text and "note: a note" in text and "on a GPU of 1.00 GiB" in text
-    small = est._estimate_from(job(4), [], [], 128 * MIB, ["pytorch"], None)
+    small = _estimate_core.estimate_from(job(4), [], [], 128 * MIB, ["pytorch"], None)
     assert small.fits("pytorch") is False
     with pytest.raises(ValueError, match="not estimated"):
         small.fits("cudamem")
     with pytest.raises(ValueError, match="no CUDA memory"):
-        est._estimate_from(est.TraceBuilder(), [], [], None, ["pytorch"], None)
+        _estimate_core.estimate_from(est.TraceBuilder(), [], [], None, ["pytorch"], None)
 
 
 def test_scale_predicts_a_larger_batch_as_its_own_trace_replays():
@@ -339,7 +339,7 @@ def test_largest_batch_is_verified_where_scaling_guesses_wrong():
     # No ties between equal free blocks here: capacity alone decides, in every segment order.
     assert row["largest_fits_in"] == row["orders"] == est.ORDERS + 1, row
     assert row["may_fit"] == {} and row["next_batch_borderline"] is False, row
-    assert "may fit" not in r["headline"], r["headline"]
+    assert row["first_failing_batch"] == b + 1 and row["safe_batch"] < b, row
     unverified = est.largest_batch(job, "1GiB", batches=(2, 4, 8), policies=["pytorch"], verify=False)
     assert unverified["largest"][0]["largest_batch"] == row["scaled_batch"]
     with pytest.raises(ValueError, match="max_probes"):
