@@ -80,3 +80,37 @@ def test_the_runner_dry_run_writes_its_results_and_gathers_them(tmp_path):
     p = subprocess.run(run + ["--only", "moe_switch", "--allocators", "tcmalloc"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "--allocators" in p.stderr, p.stderr
+
+
+def test_the_cap_search_finds_the_largest_batch_from_any_nearby_guess():
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    import cap_check
+
+    for limit in (1, 2, 7, 50, 99, 1000, 4096):
+        for start in {1, 3, 50, 120, 5000} & set(range(max(1, limit // 4), 4 * limit + 1)):
+            ok, bad, tried = cap_check.search(lambda b: b <= limit, start)
+            assert (ok, bad) == (limit, limit + 1), (limit, start, tried)
+            assert len(tried) <= 3 * cap_check.MAX_PROBES + 1, (limit, start, tried)
+    # A job too large for batch 1: nothing ran, batch 1 is the first failure.
+    assert cap_check.search(lambda b: False, 10)[:2] == (0, 1)
+
+
+@needs_torch
+def test_the_cap_runner_dry_run_finds_a_largest_batch_per_allocator_and_times_them(tmp_path):
+    run = [sys.executable, str(SCRIPTS / "cap_check.py"), "--dry-run", "--out", str(tmp_path), "--only",
+           "moe_switch", "--caps", "512MiB", "--tries", "1", "--rounds", "1"]
+    p = subprocess.run(run, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads((tmp_path / "cap-moe_switch.json").read_text())
+    c = r["caps"]["512MiB"]
+    assert r["variable"] and set(c["largest"]) == {"native", "expandable", "cudamem"}, r
+    for al, found in c["largest"].items():
+        # The largest batch ran and the next one failed, each in a process of its own.
+        runs = {t["batch"]: t["ok"] for t in found["tries"]}
+        assert found["largest"] > 0 and runs[found["largest"]] is True, (al, found)
+        assert runs.get(found["first_failed"]) is False, (al, found)
+    assert c["time"]["batch"] == min(f["largest"] for f in c["largest"].values())
+    assert "| moe_switch | variable |" in (tmp_path / "cap-check.md").read_text()
+    p = subprocess.run(run[:2] + ["--dry-run", "--caps", "3GiB"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--caps" in p.stderr, p.stderr

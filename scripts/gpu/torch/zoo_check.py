@@ -38,7 +38,9 @@ HERE = Path(__file__).resolve().parent
 GIB, MIB = 1 << 30, 1 << 20
 CAPACITIES = (("24GiB", 24 * GIB), ("40GiB", 40 * GIB))
 DRY_CAPACITIES = (("512MiB", 512 * MIB), ("1GiB", GIB))
-ALLOCATORS = {"native": "pytorch", "cudamem": "cudamem"}  # allocator -> the estimate's policy for it
+# allocator -> the estimate's policy for it; "expandable" is torch's allocator with
+# expandable_segments:True (set before torch is imported).
+ALLOCATORS = {"native": "pytorch", "expandable": "pytorch-expandable", "cudamem": "cudamem"}
 
 
 # --- child processes ---------------------------------------------------------------------------
@@ -54,8 +56,11 @@ def child(argv):
     ap.add_argument("--allocator", choices=list(ALLOCATORS), default="native")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--largest-only", action="store_true", help="estimate: only the largest batches")
+    ap.add_argument("--steps", type=int, help="run: optimizer steps of a training job (default the zoo's)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
+    if a.allocator == "expandable" and a.mode == "run":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if a.allocator == "cudamem" and not a.dry and a.mode == "run":
         import cudamem.torch
 
@@ -84,13 +89,23 @@ def child(argv):
         return dry_run(job, a, t0)
     if a.cap:
         torch.cuda.set_per_process_memory_fraction(a.cap / torch.cuda.get_device_properties(0).total_memory, 0)
+    from zoo import harness
+
+    # The end of every optimizer step, after the GPU's work: step times are the differences.
+    marks = []
+    harness.on_step = lambda: (torch.cuda.synchronize(), marks.append(time.perf_counter()))
+    if a.steps:
+        harness.STEPS = a.steps
     ok, error = True, None
     try:
         job.run(a.batch, torch.device("cuda"))
         torch.cuda.synchronize()
     except torch.OutOfMemoryError as e:
         ok, error = False, str(e)[:300]
+    stats = torch.cuda.memory_stats()
     print("RESULT " + json.dumps({"ok": ok, "error": error, "peak_reserved": torch.cuda.max_memory_reserved(),
+                                  "alloc_retries": stats.get("num_alloc_retries"),
+                                  "step_s": [b - a_ for a_, b in zip(marks, marks[1:])],
                                   "seconds": time.perf_counter() - t0, "torch": torch.__version__}))
     return 0
 
@@ -296,7 +311,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--only", help="comma-separated jobs")
     ap.add_argument("--set", choices=["all", "development", "validation"], default="all")
-    ap.add_argument("--allocators", default="native,cudamem", help="native, cudamem or both")
+    ap.add_argument("--allocators", default="native,cudamem", help="comma-separated: native, expandable, cudamem")
     ap.add_argument("--caps", help="comma-separated labels of the capacities to check (default: all)")
     ap.add_argument("--tries", type=int, default=3, help="fresh processes per capped batch")
     ap.add_argument("--jobs", type=int, default=3, help="processes side by side")

@@ -6,6 +6,7 @@
 # (--wheels --with-numpy also fetches numpy, for a GPU machine without it: 16 MB more.)
 # then, on the GPU machine, from the repository root (gpu-out/ carried along):
 #     bash scripts/gpu/torch/zoo_check.sh [zoo_check.py options, e.g. --set validation --budget 500]
+#     bash scripts/gpu/torch/zoo_check.sh --cap-check [cap_check.py options]   # the zoo under caps
 # Results go to $OUT (zoo-<job>.json per job, zoo-check.json, zoo-check.md); run it again with
 # the previous results in $OUT to go on with the jobs not done yet.
 set -uo pipefail
@@ -31,6 +32,12 @@ if [ "${1:-}" = "--wheels" ]; then
         -d gpu-out/zoo-wheels $ZOO_WHEELS
 fi
 
+runner=zoo_check.py
+if [ "${1:-}" = "--cap-check" ]; then
+    runner=cap_check.py
+    shift
+fi
+
 main() {
     wheel=$(ls -t gpu-out/cudamem-*.whl 2>/dev/null | head -n 1)
     if [ -z "$wheel" ]; then
@@ -49,7 +56,7 @@ main() {
     unset CUDAMEM_DEVICE CUDAMEM_POLICY CUDAMEM_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
-    timeout 580 python3 scripts/gpu/torch/zoo_check.py ${OUT:+--out "$OUT"} "$@"
+    timeout 580 python3 "scripts/gpu/torch/$runner" ${OUT:+--out "$OUT"} "$@"
     rc=$?
     rm -rf "$site" "$CUDAMEM_CACHE_DIR"
     return $rc
@@ -57,7 +64,7 @@ main() {
 
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT"
-    main "$@" 2>&1 | tee -a "$OUT/zoo-check-log.txt"
+    main "$@" 2>&1 | tee -a "$OUT/${runner%.py}-log.txt"
     exit "${PIPESTATUS[0]}"
 fi
 main "$@"

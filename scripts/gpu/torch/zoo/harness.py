@@ -15,10 +15,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def train(model, make_batch, loss_of, *, steps=3, opt="adamw", lr=1e-4, amp=torch.bfloat16, accumulate=1):
-    """``steps`` optimizer steps over the trainable parameters, each over ``accumulate``
-    micro-batches (``make_batch()``, loss ``loss_of(model, batch)`` under autocast ``amp``;
-    None: no autocast)."""
+#: Optimizer steps of a training job when its ``train`` call names none; a runner that times
+#: steps raises it (the memory of steps after the second is the second's).
+STEPS = 3
+#: Called after every optimizer step when set (a runner's step timer); None: nothing.
+on_step = None
+
+
+def train(model, make_batch, loss_of, *, steps=None, opt="adamw", lr=1e-4, amp=torch.bfloat16, accumulate=1):
+    """``steps`` (default :data:`STEPS`) optimizer steps over the trainable parameters, each
+    over ``accumulate`` micro-batches (``make_batch()``, loss ``loss_of(model, batch)`` under
+    autocast ``amp``; None: no autocast); :data:`on_step` hears the end of each."""
+    steps = STEPS if steps is None else steps
     params = [p for p in model.parameters() if p.requires_grad]
     if opt == "adamw":
         optim = torch.optim.AdamW(params, lr=lr)
@@ -35,6 +43,8 @@ def train(model, make_batch, loss_of, *, steps=3, opt="adamw", lr=1e-4, amp=torc
             del loss, batch
         optim.step()
         optim.zero_grad(set_to_none=True)
+        if on_step is not None:
+            on_step()
 
 
 def freeze(module):
