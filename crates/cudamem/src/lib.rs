@@ -116,13 +116,23 @@ mod allocator;
 mod buffer;
 mod device_spec;
 mod error;
+mod history;
 mod inner;
+mod inspect;
 pub mod interop;
+mod private_pools;
+mod raw;
+mod sleep;
 mod stream;
 
 pub use cudamem_alloc::config::ConfigError;
 pub use cudamem_alloc::size::{parse_size, SizeError};
 pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
+pub use cudamem_alloc::{
+    CheckpointDelta, Frame, MempoolId, PoolCheckpoint, PoolSlot, RecordContext, Shared, SleepStats, TagInfo, TraceEvent,
+    TraceObserver,
+};
+pub use cudamem_trace_types::Trace;
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
@@ -133,6 +143,11 @@ pub use allocator::{Allocator, OpenedDevice};
 pub use buffer::Buffer;
 pub use device_spec::DeviceSpec;
 pub use error::Error;
+pub use history::History;
+pub use inspect::Inspect;
+pub use private_pools::PrivatePools;
+pub use raw::{Raw, Usage};
+pub use sleep::SleepTags;
 pub use stream::Stream;
 
 use inner::Inner;
