@@ -421,13 +421,14 @@ impl Allocator {
     // --- narrow handles for what PyTorch's allocator class does beyond buffers -----------------
 
     /// The one device-wide engine, or why `what` is not available (`sharded:True`).
+    /// Inlined into every handle's constructor (`raw()` is on the hot path of each raw malloc
+    /// and free); the message is built out of line.
+    #[inline]
     fn single_engine(&self, what: &str) -> Result<&CachingAllocator, AllocError> {
-        match &self.inner.sharded {
-            Some(_) => Err(AllocError::InvalidArgument(format!(
-                "{what} needs one device-wide engine, which a sharded allocator (sharded:True) does not have"
-            ))),
-            None => Ok(&self.inner.engine),
+        if self.inner.sharded.is_some() {
+            return Err(sharded_has_no_single_engine(what));
         }
+        Ok(&self.inner.engine)
     }
     /// The pointer-level interface (PyTorch's raw alloc and delete, `recordStream`, IPC
     /// sharing): see [`Raw`].
@@ -451,4 +452,12 @@ impl Allocator {
     pub fn sleep_tags(&self) -> Result<SleepTags<'_>, AllocError> {
         self.single_engine("tags and sleep mode").map(|engine| SleepTags { engine })
     }
+}
+
+#[cold]
+#[inline(never)]
+fn sharded_has_no_single_engine(what: &str) -> AllocError {
+    AllocError::InvalidArgument(format!(
+        "{what} needs one device-wide engine, which a sharded allocator (sharded:True) does not have"
+    ))
 }
