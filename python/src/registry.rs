@@ -102,7 +102,10 @@ impl From<AllocError> for RegistryError {
 
 impl From<cudamem::Error> for RegistryError {
     fn from(e: cudamem::Error) -> Self {
-        RegistryError::Alloc(crate::guard::api_error(e))
+        match e {
+            cudamem::Error::Alloc(a) => RegistryError::Alloc(a),
+            other => RegistryError::BadSetting(other.to_string()),
+        }
     }
 }
 
