@@ -10,17 +10,17 @@
 //!   the allocator that owns the pointer is found, [`Owner`]);
 //! * the stack for the memory history is gathered, if the device records one, *before* the
 //!   allocator is locked and outside the panic guard (see [`frames_for`]);
-//! * the engine call runs under the one panic guard ([`guarded`]), with the stack attached to its
-//!   events;
-//! * what the profiler wants (the block's size, the device's totals) is read under the same lock,
-//!   and only when the caller asks for it ([`Usage`]): no second pointer lookup otherwise.
+//! * the allocator's pointer-level call ([`cudamem::Raw::malloc_with`] and
+//!   [`cudamem::Raw::free_with`]) runs under the one panic guard ([`guarded`]): one lock of the
+//!   engine, with the stack attached to its events, and what the profiler wants (the block's
+//!   size, the device's totals) read under that same lock, only when the caller asks for it
+//!   ([`Usage`]): no second pointer lookup otherwise.
 //!
 //! Size 0 allocates nothing and returns 0; freeing 0 does nothing.
 
 use std::ffi::c_int;
 
-use cudamem_alloc::PoolSlot;
-use cudamem_alloc::{AllocError, CachingAllocator, Frame};
+use cudamem::{AllocError, Allocator, Frame, PoolSlot};
 use cudamem_device::StreamId;
 
 use crate::guard::{alloc_error, guarded, CError};
@@ -48,12 +48,7 @@ pub enum Owner {
 
 /// What the profiler wants of a malloc or a free: the block's size, then the device's
 /// allocated and reserved bytes after the call.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Usage {
-    pub block: u64,
-    pub allocated: u64,
-    pub reserved: u64,
-}
+pub use cudamem::Usage;
 
 /// The frames to record for a call on `device`: gathered (C callers) only when the device
 /// records stacks for this kind of call (`mode` [`STACKS_ALLOC`] for allocations,
@@ -75,17 +70,17 @@ pub fn frames_for(device: c_int, stack: StackSource, mode: u8) -> Option<Vec<Fra
 
 /// The allocator of `device`, created on first use.
 #[inline]
-pub fn alloc(device: c_int) -> Result<&'static CachingAllocator, CError> {
+pub fn alloc(device: c_int) -> Result<&'static Allocator, CError> {
     Ok(registry::get_or_create(device)?)
 }
 
 /// The allocator that handed out `ptr`, with its ordinal.
 #[inline]
-pub fn owner_of(ptr: u64) -> Option<(c_int, &'static CachingAllocator)> {
+pub fn owner_of(ptr: u64) -> Option<(c_int, &'static Allocator)> {
     if let Some(one) = registry::sole() {
         return Some(one); // its free says whether the pointer is its own
     }
-    registry::existing().find(|(_, a)| a.lock().owns(ptr))
+    registry::existing().find(|(_, a)| a.inspect().is_ok_and(|i| i.owns(ptr)))
 }
 
 /// `e`, naming `device` where it is about a pointer (the engine names only the device's kind).
@@ -119,24 +114,9 @@ pub fn malloc(
     let a = guarded("malloc", || alloc(device))?;
     let frames = frames_for(device, stack, STACKS_ALLOC);
     guarded("malloc", || {
-        let mut e = a.lock();
-        let with_stack = frames.is_some();
-        if with_stack {
-            e.set_current_stack(frames);
-        }
-        let r = match slot {
-            Some(s) => e.malloc_in_pool(size, stream, s),
-            None => e.malloc(size, stream),
-        };
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        let ptr = r.map_err(|e| alloc_error(&e))?;
-        if let Some(u) = usage {
-            u.block = e.allocation_size(ptr).unwrap_or(0);
-            (u.allocated, u.reserved) = e.allocated_and_reserved();
-        }
-        Ok(ptr)
+        a.raw()
+            .and_then(|r| r.malloc_with(size, stream, slot, frames, usage))
+            .map_err(|e| alloc_error(&e))
     })
 }
 
@@ -165,27 +145,12 @@ pub fn free(ptr: u64, owner: Owner, stack: StackSource, usage: Option<&mut Usage
     };
     let frames = frames_for(device, stack, STACKS_ALL); // outside the guard: see frames_for
     guarded("free", || {
-        let mut e = a.lock();
-        let block = match usage {
-            Some(_) => e.allocation_size(ptr).unwrap_or(0),
-            None => 0,
-        };
-        let with_stack = frames.is_some();
-        if with_stack {
-            e.set_current_stack(frames);
-        }
-        let r = e.free(ptr);
-        if with_stack {
-            e.set_current_stack(None);
-        }
-        r.map_err(|err| match owner {
-            Owner::Device(d) => alloc_error(&on_device(err, d)),
-            Owner::Find => alloc_error(&err),
-        })?;
-        if let Some(u) = usage {
-            u.block = block;
-            (u.allocated, u.reserved) = e.allocated_and_reserved();
-        }
+        a.raw()
+            .and_then(|r| r.free_with(ptr, frames, usage))
+            .map_err(|err| match owner {
+                Owner::Device(d) => alloc_error(&on_device(err, d)),
+                Owner::Find => alloc_error(&err),
+            })?;
         Ok(device)
     })
 }
@@ -198,7 +163,7 @@ pub fn record_stream_any(ptr: u64, stream: u64) -> Result<(), CError> {
         }
         let mut last = None;
         for (_, a) in registry::existing() {
-            match a.record_stream(ptr, StreamId(stream)) {
+            match a.raw().and_then(|r| r.record_stream(ptr, StreamId(stream))) {
                 Ok(()) => return Ok(()),
                 Err(e @ AllocError::InvalidPointer { .. }) => last = Some(e),
                 Err(e) => return Err(alloc_error(&e)),

@@ -56,7 +56,7 @@ use cudamem_device::StreamId;
 
 use crate::abi;
 use crate::entry::{self, Owner, StackSource};
-use crate::guard::{alloc_error, guarded, last_error, set_last_error, CError, ERR_INVALID};
+use crate::guard::{guarded, last_error, set_last_error, CError, ERR_INVALID};
 use crate::registry;
 
 /// Error mode: print the message to stderr, return NULL.
@@ -208,7 +208,7 @@ pub extern "C-unwind" fn cudamem_free(ptr: *mut c_void, _size: usize, device: c_
 pub extern "C" fn cudamem_empty_cache() {
     let r = guarded("cudamem_empty_cache", || {
         for (_, a) in registry::existing() {
-            a.empty_cache().map_err(|e| alloc_error(&e))?;
+            a.empty_cache()?;
         }
         Ok(())
     });
@@ -223,8 +223,8 @@ pub extern "C" fn cudamem_empty_cache() {
 pub extern "C" fn cudamem_set_memory_fraction(fraction: c_double, device: c_int) {
     let r = guarded("cudamem_set_memory_fraction", || {
         registry::get_or_create(device)?
-            .set_memory_fraction(fraction)
-            .map_err(|e| alloc_error(&e))
+            .set_per_process_memory_fraction(fraction)
+            .map_err(CError::from)
     });
     if let Err(e) = r {
         report(&format!(

@@ -61,6 +61,21 @@ impl From<AllocError> for CError {
     }
 }
 
+impl From<cudamem::Error> for CError {
+    fn from(e: cudamem::Error) -> Self {
+        alloc_error(&api_error(e))
+    }
+}
+
+/// The allocator error inside an error of the Rust API (the calls this package makes on an
+/// open allocator fail only with one); any other is an invalid argument carrying its message.
+pub fn api_error(e: cudamem::Error) -> AllocError {
+    match e {
+        cudamem::Error::Alloc(a) => a,
+        other => AllocError::InvalidArgument(other.to_string()),
+    }
+}
+
 /// The kind and message of an allocator error.
 pub fn alloc_error(e: &AllocError) -> CError {
     let kind = match e {

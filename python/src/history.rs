@@ -5,7 +5,7 @@
 //!
 //! * [`set_history`] turns recording on or off on one device, or on every device — those that
 //!   exist and those created later (`device=None`, PyTorch's meaning: its setting is global).
-//!   The engine keeps the ring of entries ([`CachingAllocator::record_memory_history`]).
+//!   The engine keeps the ring of entries ([`cudamem::History::record_memory_history`]).
 //! * **Python stacks.** Each allocation made while recording with a context (`"state"`,
 //!   `"alloc"` or `"all"`) carries the Python stack of the thread that allocates, innermost frame
 //!   first, as PyTorch's `stacks="python"` does; with context `"all"` frees carry the stack of
@@ -39,7 +39,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, intern};
 
-use cudamem_alloc::{AllocatorConfig, CachingAllocator, Frame};
+use cudamem::Allocator;
+use cudamem_alloc::{AllocatorConfig, Frame};
 use cudamem_trace::{AllocatorSettings, DeviceTrace, Trace};
 
 use crate::recording::{self, HistorySettings};
@@ -57,14 +58,12 @@ pub fn set_history(device: Option<i32>, s: HistorySettings, clear: bool) -> Resu
     match device {
         Some(d) => {
             let a = registry::get_or_create(d)?;
-            recording::apply(d, a, s, clear);
+            recording::apply(d, a, s, clear)?;
         }
         None => registry::with_creation_locked(|| {
             recording::set_default(if s.enabled { Some(s) } else { None });
-            for (d, a) in registry::existing() {
-                recording::apply(d, a, s, clear);
-            }
-        }),
+            registry::existing().try_for_each(|(d, a)| recording::apply(d, a, s, clear))
+        })?,
     }
     Ok(())
 }
@@ -234,7 +233,7 @@ fn settings_of(cfg: &AllocatorConfig) -> AllocatorSettings {
 /// (`Some(d)`) or nothing (`None`); with no allocator at all, the settings are those new
 /// allocators would get.
 pub fn snapshot_trace(device: Option<i32>) -> Result<Trace, registry::RegistryError> {
-    let allocs: Vec<(i32, &'static CachingAllocator)> = match device {
+    let allocs: Vec<(i32, &'static Allocator)> = match device {
         Some(d) => {
             registry::slot_index(d)?;
             registry::get(d).map(|a| (d, a)).into_iter().collect()
@@ -244,7 +243,7 @@ pub fn snapshot_trace(device: Option<i32>) -> Result<Trace, registry::RegistryEr
     let mut out = Trace::new("cudamem snapshot");
     let mut have_settings = false;
     for (_, a) in allocs {
-        let t = a.snapshot();
+        let t = a.history()?.snapshot();
         let off = out.stacks.len() as u32;
         let re = |s: Option<u32>| s.map(|i| i + off);
         out.stacks.extend(t.stacks);

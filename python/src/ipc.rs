@@ -206,7 +206,7 @@ pub(crate) unsafe extern "C" fn nat_ipc_share(
             kind: ERR_INVALID,
             message: format!("cannot share {p:#x} with another process: cudamem did not allocate it"),
         })?;
-        let shared = a.lock().share(p).map_err(CError::from)?;
+        let shared = a.raw()?.share(p)?;
         out = Some(encode(&shared, p, std::process::id() as i32));
         Ok(())
     });

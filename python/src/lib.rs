@@ -19,7 +19,7 @@
 //! Memory history and snapshots ([`history`]: `record_memory_history`, `snapshot`, `annotate`)
 //! and the reports of `cudamem-report` (`_report_*`) are Python functions too.
 //!
-//! Both reach the allocators of [`registry`]: one `CachingAllocator` per device ordinal, created
+//! Both reach the allocators of [`registry`]: one `cudamem::Allocator` per device ordinal, created
 //! on first use (a CUDA device, or a simulated one with `CUDAMEM_DEVICE=sim`). So a tensor that
 //! PyTorch allocated through the C ABI shows up in `cudamem.memory_allocated()`, and
 //! `cudamem.empty_cache()` releases what PyTorch's frees left cached.
@@ -118,7 +118,8 @@ fn record_stream(py: Python<'_>, ptr: &Bound<'_, PyAny>, stream: &Bound<'_, PyAn
     check_device(device)?;
     match registry::get(device) {
         Some(a) => a
-            .record_stream(ptr, StreamId(stream))
+            .raw()
+            .and_then(|r| r.record_stream(ptr, StreamId(stream)))
             .map_err(|e| alloc_err(py, entry::on_device(e, device))),
         None => Err(PyValueError::new_err(format!(
             "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {device})"
@@ -138,7 +139,8 @@ fn empty_cache(py: Python<'_>, device: Option<i32>) -> PyResult<()> {
         None => registry::existing().map(|(_, a)| a).collect(),
     };
     for a in targets {
-        py.allow_threads(|| a.empty_cache()).map_err(|e| alloc_err(py, e))?;
+        py.allow_threads(|| a.empty_cache())
+            .map_err(|e| alloc_err(py, guard::api_error(e)))?;
     }
     Ok(())
 }
@@ -161,8 +163,8 @@ fn set_per_process_memory_fraction(py: Python<'_>, fraction: &Bound<'_, PyAny>, 
         )));
     };
     allocator(py, device)?
-        .set_memory_fraction(f)
-        .map_err(|e| alloc_err(py, e))
+        .set_per_process_memory_fraction(f)
+        .map_err(|e| alloc_err(py, guard::api_error(e)))
 }
 
 /// Sets the policy (`cudamem`, `pytorch`, `pytorch-expandable`) and/or the configuration string
@@ -332,13 +334,13 @@ fn annotate(name: &str, stage: &str, device: Option<i32>) -> PyResult<()> {
     match device {
         Some(d) => {
             check_device(d)?;
-            if let Some(a) = registry::get(d) {
-                a.annotate(stage, name);
+            if let Some(h) = registry::get(d).and_then(|a| a.history().ok()) {
+                h.annotate(stage, name);
             }
         }
         None => {
-            for (_, a) in registry::existing() {
-                a.annotate(stage, name);
+            for h in registry::existing().filter_map(|(_, a)| a.history().ok()) {
+                h.annotate(stage, name);
             }
         }
     }

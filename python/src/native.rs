@@ -134,11 +134,10 @@ extern "C" fn nat_record_stream(ptr: *mut c_void, stream: *mut c_void) -> c_int 
 extern "C" fn nat_empty_cache(pa: u64, pb: u64) -> c_int {
     run("empty_cache", || {
         for (_, a) in registry::existing() {
-            let mut e = a.lock();
             if (pa, pb) == (0, 0) {
-                e.empty_cache().map_err(CError::from)?;
-            } else if e.pool_use_count((pa, pb)).is_some() {
-                e.empty_pool_cache((pa, pb)).map_err(CError::from)?;
+                a.empty_cache()?;
+            } else {
+                a.private_pools()?.empty_cache((pa, pb))?;
             }
         }
         Ok(())
@@ -212,23 +211,27 @@ extern "C" fn nat_reset_accumulated(device: c_int) {
 
 extern "C" fn nat_set_fraction(device: c_int, fraction: c_double) -> c_int {
     run("set_memory_fraction", || {
-        alloc(device)?.set_memory_fraction(fraction).map_err(CError::from)
+        Ok(alloc(device)?.set_per_process_memory_fraction(fraction)?)
     })
 }
 
 extern "C" fn nat_get_fraction(device: c_int) -> c_double {
-    registry::get(device).map_or(1.0, |a| a.lock().memory_fraction())
+    registry::get(device)
+        .and_then(|a| a.inspect().ok())
+        .map_or(1.0, |i| i.memory_fraction())
 }
 
 extern "C" fn nat_largest_free(device: c_int) -> u64 {
-    registry::get(device).map_or(0, |a| a.lock().largest_free_block())
+    registry::get(device)
+        .and_then(|a| a.inspect().ok())
+        .map_or(0, |i| i.largest_free_block())
 }
 
 unsafe extern "C" fn nat_base_allocation(ptr: *mut c_void, size: *mut u64) -> *mut c_void {
     let mut base = 0u64;
     let kind = run("get_base_allocation", || {
         for (_, a) in registry::existing() {
-            if let Some((b, s)) = a.lock().base_allocation(ptr as u64).map_err(CError::from)? {
+            if let Some((b, s)) = a.inspect()?.base_allocation(ptr as u64)? {
                 base = b;
                 // SAFETY: the caller passes a writable u64.
                 unsafe { *size = s };
@@ -256,7 +259,9 @@ unsafe extern "C" fn nat_set_settings(settings: *const c_char) -> c_int {
 }
 
 unsafe extern "C" fn nat_totals(device: c_int, out: *mut u64) {
-    let (al, re) = registry::get(device).map_or((0, 0), |a| a.lock().allocated_and_reserved());
+    let (al, re) = registry::get(device)
+        .and_then(|a| a.inspect().ok())
+        .map_or((0, 0), |i| i.allocated_and_reserved());
     // SAFETY: the caller passes 2 writable u64.
     unsafe {
         *out = al;

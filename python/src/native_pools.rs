@@ -11,16 +11,21 @@ use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use cudamem_alloc::PoolCheckpoint;
+use cudamem::{PoolCheckpoint, PrivatePools};
 
 use crate::abi::PtrSink;
 use crate::entry::alloc;
 use crate::guard::{run, CError, ERR_NONE};
 use crate::registry;
 
+/// The private pools of `device`'s allocator (created on first use).
+fn pools(device: c_int) -> Result<PrivatePools<'static>, CError> {
+    Ok(alloc(device)?.private_pools()?)
+}
+
 pub(crate) unsafe extern "C" fn nat_deferred_streams(ptr: *mut c_void, out: *mut u64, cap: usize) -> c_int {
     let found = catch_unwind(AssertUnwindSafe(|| {
-        registry::existing().find_map(|(_, a)| a.lock().deferred_streams(ptr as u64))
+        registry::existing().find_map(|(_, a)| a.private_pools().ok()?.deferred_streams(ptr as u64))
     }));
     let Ok(Some(streams)) = found else {
         return -1;
@@ -36,9 +41,8 @@ pub(crate) extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
     run("release_deferred", || {
         let ptr = ptr as u64;
         for (_, a) in registry::existing() {
-            let mut e = a.lock();
-            if e.deferred_streams(ptr).is_some() {
-                return e.release_deferred(ptr).map_err(CError::from);
+            if a.private_pools()?.release_deferred(ptr)? {
+                return Ok(());
             }
         }
         Err(CError::invalid(format!(
@@ -49,20 +53,14 @@ pub(crate) extern "C" fn nat_release_deferred(ptr: *mut c_void) -> c_int {
 
 pub(crate) extern "C" fn nat_pool_create(device: c_int, a: u64, b: u64) -> c_int {
     run("create_or_incref_pool", || {
-        alloc(device)?
-            .lock()
-            .create_or_incref_pool((a, b))
-            .map_err(CError::from)?;
+        pools(device)?.create_or_incref((a, b))?;
         Ok(())
     })
 }
 
 pub(crate) unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, slot: *mut c_int) -> c_int {
     run("begin_allocate_to_pool", || {
-        let s = alloc(device)?
-            .lock()
-            .begin_allocate_to_pool((a, b))
-            .map_err(CError::from)?;
+        let s = pools(device)?.begin_allocate_to_pool((a, b))?;
         // SAFETY: the caller passes a writable int.
         unsafe { *slot = s.0 as c_int };
         Ok(())
@@ -71,19 +69,19 @@ pub(crate) unsafe extern "C" fn nat_pool_begin(device: c_int, a: u64, b: u64, sl
 
 pub(crate) extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
     run("end_allocate_to_pool", || {
-        alloc(device)?.lock().end_allocate_to_pool((a, b)).map_err(CError::from)
+        Ok(pools(device)?.end_allocate_to_pool((a, b))?)
     })
 }
 
 pub(crate) extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
     run("release_pool", || {
-        alloc(device)?.lock().release_pool((a, b)).map_err(CError::from)
+        Ok(pools(device)?.release((a, b))?)
     })
 }
 
 pub(crate) extern "C" fn nat_pool_use_count(device: c_int, a: u64, b: u64) -> c_int {
     registry::get(device)
-        .and_then(|al| al.lock().pool_use_count((a, b)))
+        .and_then(|al| al.private_pools().ok()?.use_count((a, b)))
         .map_or(0, |n| n as c_int)
 }
 
@@ -101,10 +99,7 @@ pub(crate) unsafe extern "C" fn nat_pool_check_live(
             0 => HashSet::new(),
             _ => unsafe { std::slice::from_raw_parts(ptrs, n) }.iter().copied().collect(),
         };
-        answer = alloc(device)?
-            .lock()
-            .check_pool_live_allocations((a, b), &expected)
-            .map_err(CError::from)?;
+        answer = pools(device)?.check_live_allocations((a, b), &expected)?;
         Ok(())
     });
     match kind {
@@ -115,23 +110,20 @@ pub(crate) unsafe extern "C" fn nat_pool_check_live(
 
 pub(crate) extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
     run("set_use_on_oom", || {
-        alloc(device)?
-            .lock()
-            .set_use_on_oom((a, b), on != 0)
-            .map_err(CError::from)
+        Ok(pools(device)?.set_use_on_oom((a, b), on != 0)?)
     })
 }
 
 pub(crate) extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
     run("set_no_split", || {
-        alloc(device)?.lock().set_no_split((a, b)).map_err(CError::from)
+        Ok(pools(device)?.set_no_split((a, b))?)
     })
 }
 
 pub(crate) extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {
     let mut cp = None;
     run("get_checkpoint_state", || {
-        cp = Some(alloc(device)?.lock().pool_checkpoint((a, b)).map_err(CError::from)?);
+        cp = Some(pools(device)?.checkpoint((a, b))?);
         Ok(())
     });
     cp.map_or(std::ptr::null_mut(), |c| Box::into_raw(Box::new(c)).cast())
@@ -156,12 +148,7 @@ pub(crate) unsafe extern "C" fn nat_checkpoint_restore(
     let kind = run("set_checkpoint_pool_state", || {
         // SAFETY: `cp` came from `nat_checkpoint_get` and is alive (the caller owns it).
         let cp = unsafe { &*cp.cast::<PoolCheckpoint>() };
-        delta = Some(
-            alloc(device)?
-                .lock()
-                .restore_pool_checkpoint(cp)
-                .map_err(CError::from)?,
-        );
+        delta = Some(pools(device)?.restore_checkpoint(cp)?);
         Ok(())
     });
     // The callbacks run after the lock is given back (they build torch objects).

@@ -15,7 +15,7 @@ use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, St
 
 use crate::abi::{PoolAllocFn, PoolDropFn, PoolFreeFn};
 use crate::entry::alloc;
-use crate::guard::{run, CError};
+use crate::guard::run;
 
 /// A pool's segments from torch's allocator; everything else from `inner`.
 #[derive(Debug)]
@@ -160,10 +160,7 @@ pub(crate) unsafe extern "C" fn nat_pool_create_with(
             drop: drop_fn,
             inner: owner.device(),
         });
-        owner
-            .lock()
-            .create_or_incref_pool_with((a, b), Some(segments))
-            .map_err(CError::from)?;
+        owner.private_pools()?.create_or_incref_with((a, b), Some(segments))?;
         Ok(())
     })
 }

@@ -89,7 +89,7 @@ pub(crate) fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
 }
 
 /// The allocator of `device` (created on first use), or the Python exception.
-pub(crate) fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem_alloc::CachingAllocator> {
+pub(crate) fn allocator(py: Python<'_>, device: i32) -> PyResult<&'static cudamem::Allocator> {
     registry::get_or_create(device).map_err(|e| reg_err(py, e))
 }
 

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use cudamem_alloc::{CachingAllocator, RecordContext};
+use cudamem::{AllocError, Allocator, RecordContext};
 
 /// The number of device ordinals served (0 .. MAX_DEVICES): the registry's slots, each with
 /// its flags here.
@@ -77,12 +77,13 @@ pub fn is_recording(device: i32) -> bool {
 }
 
 /// Applies `s` to `device`, whose allocator is `alloc`; `clear` empties the ring first.
-pub fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: bool) {
+pub fn apply(device: i32, alloc: &Allocator, s: HistorySettings, clear: bool) -> Result<(), AllocError> {
+    let history = alloc.history()?;
     if clear && s.enabled {
         // The engine clears its ring when recording stops.
-        alloc.record_memory_history(false, RecordContext::Never, 1);
+        history.record_memory_history(false, RecordContext::Never, 1);
     }
-    alloc.record_memory_history(s.enabled, s.context, s.max_entries);
+    history.record_memory_history(s.enabled, s.context, s.max_entries);
     if let Some(r) = usize::try_from(device).ok().and_then(|i| RECORDING.get(i)) {
         r.store(s.enabled, Ordering::Relaxed);
     }
@@ -94,14 +95,16 @@ pub fn apply(device: i32, alloc: &CachingAllocator, s: HistorySettings, clear: b
         };
         m.store(mode, Ordering::Relaxed);
     }
+    Ok(())
 }
 
 /// Called by the registry, under its creation lock, for each new allocator: applies the
 /// setting of the last `record_memory_history(device=None)`.
-pub fn on_new_allocator(device: i32, alloc: &CachingAllocator) {
+pub fn on_new_allocator(device: i32, alloc: &Allocator) -> Result<(), AllocError> {
     let s = *DEFAULT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = s {
-        apply(device, alloc, s, false);
+    match s {
+        Some(s) => apply(device, alloc, s, false),
+        None => Ok(()),
     }
 }
 

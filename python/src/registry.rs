@@ -1,7 +1,7 @@
 //! # The process-global registry of per-device allocators
 //!
-//! One allocator per device ordinal (a [`cudamem::Allocator`], the Rust API's, whose engine,
-//! a [`CachingAllocator`], serves the calls), created on first use and then kept for the rest
+//! One allocator per device ordinal (a [`cudamem::Allocator`], the Rust API's; this package
+//! reaches it only through that type's public API and its narrow handles), created on first use and then kept for the rest
 //! of the process (never dropped: PyTorch frees tensors during interpreter shutdown, and those
 //! frees must still find their allocator). Allocators never share memory: a block of device 1 is
 //! never handed to device 0.
@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudamem::{DeviceSpec, OpenedDevice};
-use cudamem_alloc::TraceObserver;
-use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
+use cudamem::{Allocator, TraceObserver};
+use cudamem_alloc::{AllocError, AllocatorConfig};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::DeviceError;
 
@@ -38,13 +38,13 @@ static SLOTS: [OnceLock<Entry>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_D
 /// One device's allocator and the policy name it was created with (as asked for:
 /// `pytorch-expandable` is the `pytorch` policy with expandable segments).
 struct Entry {
-    alloc: cudamem::Allocator,
+    alloc: Allocator,
     policy: String,
 }
 
 impl Entry {
-    fn engine(&self) -> &CachingAllocator {
-        self.alloc.caching_allocator()
+    fn allocator(&self) -> &Allocator {
+        &self.alloc
     }
 }
 static CREATE: Mutex<()> = Mutex::new(());
@@ -100,6 +100,15 @@ impl From<AllocError> for RegistryError {
     }
 }
 
+impl From<cudamem::Error> for RegistryError {
+    fn from(e: cudamem::Error) -> Self {
+        match e {
+            cudamem::Error::Alloc(a) => RegistryError::Alloc(a),
+            other => RegistryError::BadSetting(other.to_string()),
+        }
+    }
+}
+
 /// Checks an ordinal and turns it into a slot index.
 pub fn slot_index(device: i32) -> Result<usize, RegistryError> {
     if device < 0 || device as usize >= MAX_DEVICES {
@@ -111,9 +120,9 @@ pub fn slot_index(device: i32) -> Result<usize, RegistryError> {
 }
 
 /// The allocator of `device` if it was created already (never creates one).
-pub fn get(device: i32) -> Option<&'static CachingAllocator> {
+pub fn get(device: i32) -> Option<&'static Allocator> {
     let i = usize::try_from(device).ok()?;
-    SLOTS.get(i)?.get().map(Entry::engine)
+    SLOTS.get(i)?.get().map(Entry::allocator)
 }
 
 /// The policy name `device`'s allocator was created with, if it exists.
@@ -123,31 +132,33 @@ pub fn policy_of(device: i32) -> Option<&'static str> {
 }
 
 /// The allocator of `device`, created on first use.
-pub fn get_or_create(device: i32) -> Result<&'static CachingAllocator, RegistryError> {
+pub fn get_or_create(device: i32) -> Result<&'static Allocator, RegistryError> {
     let i = slot_index(device)?;
     if let Some(e) = SLOTS[i].get() {
-        return Ok(e.engine());
+        return Ok(e.allocator());
     }
     let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(e) = SLOTS[i].get() {
-        return Ok(e.engine());
+        return Ok(e.allocator());
     }
     let (config, policy) = effective_settings()?;
     let dev = open_device(device)?;
-    let alloc =
-        cudamem::Allocator::on_device(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
+    let alloc = Allocator::on_device(dev, config, &policy).map_err(|e| RegistryError::BadSetting(e.to_string()))?;
     // Memory history set for every device (record_memory_history(device=None)) applies to
     // allocators created later too; under CREATE, so that no setting is missed.
-    crate::recording::on_new_allocator(device, alloc.caching_allocator());
+    crate::recording::on_new_allocator(device, &alloc)?;
     if let Some(o) = lock_observer().clone() {
-        alloc.caching_allocator().lock().set_trace_observer(Some(o));
+        alloc.history()?.set_trace_observer(Some(o));
     }
     let _ = SLOTS[i].set(Entry { alloc, policy });
     if CREATED.load(Ordering::Relaxed) == 0 {
         FIRST.store(device, Ordering::Relaxed);
     }
     CREATED.fetch_add(1, Ordering::Release); // after the slot is set: `sole` reads it
-    Ok(SLOTS[i].get().expect("slot was just set").engine())
+    SLOTS[i]
+        .get()
+        .map(Entry::allocator)
+        .ok_or_else(|| RegistryError::BadSetting(format!("cudamem: the allocator of device {device} was not kept")))
 }
 
 /// The observer of every allocator's events, existing and future (torch's trace trackers and
@@ -164,7 +175,10 @@ pub fn set_trace_observer(observer: Option<TraceObserver>) {
     let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
     *lock_observer() = observer.clone();
     for (_, a) in existing() {
-        a.lock().set_trace_observer(observer.clone());
+        // Every allocator here has its history: the registry refuses sharded:True.
+        if let Ok(h) = a.history() {
+            h.set_trace_observer(observer.clone());
+        }
     }
 }
 
@@ -177,7 +191,7 @@ pub fn with_creation_locked<R>(f: impl FnOnce() -> R) -> R {
 
 /// The allocator, when exactly one exists (the common one-GPU process), with its ordinal.
 #[inline]
-pub fn sole() -> Option<(i32, &'static CachingAllocator)> {
+pub fn sole() -> Option<(i32, &'static Allocator)> {
     if CREATED.load(Ordering::Acquire) != 1 {
         return None;
     }
@@ -186,11 +200,11 @@ pub fn sole() -> Option<(i32, &'static CachingAllocator)> {
 }
 
 /// Every allocator created so far, with its ordinal, in ordinal order.
-pub fn existing() -> impl Iterator<Item = (i32, &'static CachingAllocator)> {
+pub fn existing() -> impl Iterator<Item = (i32, &'static Allocator)> {
     SLOTS
         .iter()
         .enumerate()
-        .filter_map(|(i, s)| s.get().map(|e| (i as i32, e.engine())))
+        .filter_map(|(i, s)| s.get().map(|e| (i as i32, e.allocator())))
 }
 
 /// Sets the policy and/or configuration string for the allocators still to be created.

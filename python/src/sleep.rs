@@ -9,18 +9,25 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use cudamem_alloc::CachingAllocator;
+use cudamem::SleepTags;
 
 use crate::registry;
 
-fn targets(device: Option<i32>) -> PyResult<Vec<&'static CachingAllocator>> {
-    Ok(match device {
+fn targets(device: Option<i32>) -> PyResult<Vec<SleepTags<'static>>> {
+    let allocs: Vec<_> = match device {
         Some(d) => {
             crate::pyerr::check_device(d)?;
             vec![registry::get_or_create(d).map_err(|e| Python::with_gil(|py| crate::pyerr::reg_err(py, e)))?]
         }
         None => registry::existing().map(|(_, a)| a).collect(),
-    })
+    };
+    allocs
+        .into_iter()
+        .map(|a| {
+            a.sleep_tags()
+                .map_err(|e| Python::with_gil(|py| crate::pyerr::alloc_err(py, e)))
+        })
+        .collect()
 }
 
 /// Makes `tag` current (or none) on `device`, or on every existing allocator when None;
@@ -30,7 +37,7 @@ fn targets(device: Option<i32>) -> PyResult<Vec<&'static CachingAllocator>> {
 fn _set_tag(py: Python<'_>, tag: Option<&str>, device: Option<i32>) -> PyResult<Option<String>> {
     let mut before = None;
     for (i, a) in targets(device)?.into_iter().enumerate() {
-        let b = a.set_tag(tag).map_err(|e| crate::pyerr::alloc_err(py, e))?;
+        let b = a.set(tag).map_err(|e| crate::pyerr::alloc_err(py, e))?;
         if i == 0 {
             before = b;
         }
@@ -70,7 +77,8 @@ fn _sleep_stats(py: Python<'_>, device: i32) -> PyResult<Py<PyDict>> {
     let Some(a) = registry::get(device) else {
         return Ok(d.unbind());
     };
-    let s = a.sleep_stats();
+    let a = a.sleep_tags().map_err(|e| crate::pyerr::alloc_err(py, e))?;
+    let s = a.stats();
     d.set_item("sleeping_bytes", s.sleeping_bytes)?;
     d.set_item("peak_sleeping_bytes", s.peak_sleeping_bytes)?;
     d.set_item("offloaded_bytes", s.offloaded_bytes)?;
@@ -79,7 +87,7 @@ fn _sleep_stats(py: Python<'_>, device: i32) -> PyResult<Py<PyDict>> {
     d.set_item("num_sleeps", s.num_sleeps)?;
     d.set_item("num_wakes", s.num_wakes)?;
     let tags = PyDict::new(py);
-    for t in a.tags() {
+    for t in a.list() {
         let e = PyDict::new(py);
         e.set_item("asleep", t.asleep)?;
         e.set_item("allocated_bytes", t.allocated_bytes)?;

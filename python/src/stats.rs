@@ -111,7 +111,9 @@ pub(crate) fn reset_accumulated_memory_stats(device: i32) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (device=0))]
 pub(crate) fn mem_get_info(py: Python<'_>, device: i32) -> PyResult<(u64, u64)> {
-    allocator(py, device)?.mem_get_info().map_err(|e| alloc_err(py, e))
+    allocator(py, device)?
+        .mem_get_info()
+        .map_err(|e| alloc_err(py, crate::guard::api_error(e)))
 }
 
 /// What cudamem runs on: device kind, policy and configuration for new allocators, and the

@@ -15,8 +15,8 @@ use cudamem_cuda::cudarc::driver::CudaStream;
 
 use crate::{
     cuda_stream_wait, cudarc, keep_cudarc_stream, AllocError, AllocatorConfig, Buffer, CachingAllocator, CudaDevice,
-    Device, DeviceCounters, DeviceSpec, DeviceStats, Error, Inner, ShardedAllocator, SimDevice, StatsDict, Stream,
-    DEFAULT_POLICY,
+    Device, DeviceCounters, DeviceSpec, DeviceStats, Error, History, Inner, Inspect, PrivatePools, Raw, ShardedAllocator,
+    SimDevice, SleepTags, StatsDict, Stream, DEFAULT_POLICY,
 };
 
 /// A caching allocator of one device. See the [crate documentation](crate).
@@ -411,9 +411,53 @@ impl Allocator {
         }
         Ok(())
     }
-    /// The engine, for calls this facade does not forward (history, settings, locking). With
-    /// `sharded:True` it serves no allocation (they go to the shards).
+    /// The engine, for calls this facade does not forward (locking for batches, tests). With
+    /// `sharded:True` it serves no allocation (they go to the shards). Prefer the narrow
+    /// handles below, which say clearly what a sharded allocator cannot do.
     pub fn caching_allocator(&self) -> &CachingAllocator {
         &self.inner.engine
     }
+
+    // --- narrow handles for what PyTorch's allocator class does beyond buffers -----------------
+
+    /// The one device-wide engine, or why `what` is not available (`sharded:True`).
+    /// Inlined into every handle's constructor (`raw()` is on the hot path of each raw malloc
+    /// and free); the message is built out of line.
+    #[inline]
+    fn single_engine(&self, what: &str) -> Result<&CachingAllocator, AllocError> {
+        if self.inner.sharded.is_some() {
+            return Err(sharded_has_no_single_engine(what));
+        }
+        Ok(&self.inner.engine)
+    }
+    /// The pointer-level interface (PyTorch's raw alloc and delete, `recordStream`, IPC
+    /// sharing): see [`Raw`].
+    #[inline]
+    pub fn raw(&self) -> Result<Raw<'_>, AllocError> {
+        self.single_engine("raw allocation").map(|engine| Raw { engine })
+    }
+    /// Read-only questions about addresses and limits: see [`Inspect`].
+    pub fn inspect(&self) -> Result<Inspect<'_>, AllocError> {
+        self.single_engine("inspection").map(|engine| Inspect { engine })
+    }
+    /// The private pools of CUDA graphs and `MemPool`s: see [`PrivatePools`].
+    pub fn private_pools(&self) -> Result<PrivatePools<'_>, AllocError> {
+        self.single_engine("private pools").map(|engine| PrivatePools { engine })
+    }
+    /// The memory history, snapshots and the event observer: see [`History`].
+    pub fn history(&self) -> Result<History<'_>, AllocError> {
+        self.single_engine("the memory history").map(|engine| History { engine })
+    }
+    /// Tags and sleep mode: see [`SleepTags`].
+    pub fn sleep_tags(&self) -> Result<SleepTags<'_>, AllocError> {
+        self.single_engine("tags and sleep mode").map(|engine| SleepTags { engine })
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn sharded_has_no_single_engine(what: &str) -> AllocError {
+    AllocError::InvalidArgument(format!(
+        "{what} needs one device-wide engine, which a sharded allocator (sharded:True) does not have"
+    ))
 }

@@ -71,6 +71,12 @@
 //!   [`set_per_process_memory_fraction`](Allocator::set_per_process_memory_fraction),
 //!   [`set_settings`](Allocator::set_settings), … Out of memory is
 //!   [`AllocError::OutOfMemory`] carrying PyTorch's message, character for character.
+//! * **Narrow handles for PyTorch's allocator class**, so that the method list of [`Allocator`]
+//!   stays short: [`Allocator::raw`] (raw addresses: [`Raw::malloc_with`] and
+//!   [`Raw::free_with`] take one lock each, with the caller's stack and, when asked, the
+//!   profiler's [`Usage`]; `recordStream`; IPC sharing), [`Allocator::inspect`],
+//!   [`Allocator::private_pools`], [`Allocator::history`] and [`Allocator::sleep_tags`]. Each
+//!   needs the one device-wide engine, and is an error that says so on a sharded allocator.
 //! * **Dropping the last handle empties the cache**: when the last `Allocator` clone (and so the
 //!   last `Buffer`) goes, every cached segment is returned to the device.
 //!
@@ -104,7 +110,9 @@
 //! ## Limits
 //!
 //! * One device per allocator; create one `Allocator` per GPU.
-//! * CUDA graphs capture, IPC handles and the pinned-host allocator of PyTorch are not offered.
+//! * The pinned-host allocator of PyTorch is not offered. CUDA graphs' private pools and IPC
+//!   sharing exist only at the level of raw addresses (the handles below), for PyTorch's
+//!   allocator class; buffers do not capture graphs.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -116,13 +124,23 @@ mod allocator;
 mod buffer;
 mod device_spec;
 mod error;
+mod history;
 mod inner;
+mod inspect;
 pub mod interop;
+mod private_pools;
+mod raw;
+mod sleep;
 mod stream;
 
 pub use cudamem_alloc::config::ConfigError;
 pub use cudamem_alloc::size::{parse_size, SizeError};
 pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
+pub use cudamem_alloc::{
+    CheckpointDelta, Frame, MempoolId, PoolCheckpoint, PoolSlot, RecordContext, Shared, SleepStats, TagInfo, TraceEvent,
+    TraceObserver,
+};
+pub use cudamem_trace_types::Trace;
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
@@ -133,6 +151,11 @@ pub use allocator::{Allocator, OpenedDevice};
 pub use buffer::Buffer;
 pub use device_spec::DeviceSpec;
 pub use error::Error;
+pub use history::History;
+pub use inspect::Inspect;
+pub use private_pools::PrivatePools;
+pub use raw::{Raw, Usage};
+pub use sleep::SleepTags;
 pub use stream::Stream;
 
 use inner::Inner;
