@@ -111,11 +111,13 @@ pub fn malloc(
     }
     // First: a new allocator gets the history setting of device=None, which decides whether
     // to gather.
-    let a = guarded("malloc", || alloc(device))?;
+    let raw = match registry::raw(device) {
+        Some(raw) => raw,
+        None => guarded("malloc", || alloc(device)?.raw().map_err(|e| alloc_error(&e)))?,
+    };
     let frames = frames_for(device, stack, STACKS_ALLOC);
     guarded("malloc", || {
-        a.raw()
-            .and_then(|r| r.malloc_with(size, stream, slot, frames, usage))
+        raw.malloc_with(size, stream, slot, frames, usage)
             .map_err(|e| alloc_error(&e))
     })
 }
@@ -124,17 +126,17 @@ pub fn malloc(
 /// is the freed one). Returns the device it was freed on (for 0 with [`Owner::Find`], 0).
 #[inline]
 pub fn free(ptr: u64, owner: Owner, stack: StackSource, usage: Option<&mut Usage>) -> Result<c_int, CError> {
-    let (device, a) = match owner {
+    let (device, raw) = match owner {
         _ if ptr == 0 => return Ok(if let Owner::Device(d) = owner { d } else { 0 }),
-        Owner::Device(d) => match registry::get(d) {
-            Some(a) => (d, a),
+        Owner::Device(d) => match registry::raw(d) {
+            Some(raw) => (d, raw),
             None => {
                 return Err(CError::invalid(format!(
                     "invalid device pointer: {ptr:#x} (cudamem has no allocator on device {d})"
                 )))
             }
         },
-        Owner::Find => match owner_of(ptr) {
+        Owner::Find => match owner_of(ptr).and_then(|(d, _)| Some((d, registry::raw(d)?))) {
             Some(found) => found,
             None => {
                 return Err(CError::invalid(format!(
@@ -145,12 +147,10 @@ pub fn free(ptr: u64, owner: Owner, stack: StackSource, usage: Option<&mut Usage
     };
     let frames = frames_for(device, stack, STACKS_ALL); // outside the guard: see frames_for
     guarded("free", || {
-        a.raw()
-            .and_then(|r| r.free_with(ptr, frames, usage))
-            .map_err(|err| match owner {
-                Owner::Device(d) => alloc_error(&on_device(err, d)),
-                Owner::Find => alloc_error(&err),
-            })?;
+        raw.free_with(ptr, frames, usage).map_err(|err| match owner {
+            Owner::Device(d) => alloc_error(&on_device(err, d)),
+            Owner::Find => alloc_error(&err),
+        })?;
         Ok(device)
     })
 }

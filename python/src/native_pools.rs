@@ -74,9 +74,7 @@ pub(crate) extern "C" fn nat_pool_end(device: c_int, a: u64, b: u64) -> c_int {
 }
 
 pub(crate) extern "C" fn nat_pool_release(device: c_int, a: u64, b: u64) -> c_int {
-    run("release_pool", || {
-        Ok(pools(device)?.release((a, b))?)
-    })
+    run("release_pool", || Ok(pools(device)?.release((a, b))?))
 }
 
 pub(crate) extern "C" fn nat_pool_use_count(device: c_int, a: u64, b: u64) -> c_int {
@@ -109,15 +107,11 @@ pub(crate) unsafe extern "C" fn nat_pool_check_live(
 }
 
 pub(crate) extern "C" fn nat_pool_set_use_on_oom(device: c_int, a: u64, b: u64, on: c_int) -> c_int {
-    run("set_use_on_oom", || {
-        Ok(pools(device)?.set_use_on_oom((a, b), on != 0)?)
-    })
+    run("set_use_on_oom", || Ok(pools(device)?.set_use_on_oom((a, b), on != 0)?))
 }
 
 pub(crate) extern "C" fn nat_pool_set_no_split(device: c_int, a: u64, b: u64) -> c_int {
-    run("set_no_split", || {
-        Ok(pools(device)?.set_no_split((a, b))?)
-    })
+    run("set_no_split", || Ok(pools(device)?.set_no_split((a, b))?))
 }
 
 pub(crate) extern "C" fn nat_checkpoint_get(device: c_int, a: u64, b: u64) -> *mut c_void {

@@ -21,8 +21,8 @@
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudamem::{Allocator, Raw, TraceObserver};
 use cudamem::{DeviceSpec, OpenedDevice};
-use cudamem::{Allocator, TraceObserver};
 use cudamem_alloc::{AllocError, AllocatorConfig};
 use cudamem_device::sim::{SimConfig, SimDevice, H200_CAPACITY};
 use cudamem_device::DeviceError;
@@ -34,6 +34,9 @@ pub use crate::recording::MAX_DEVICES;
 pub const DEFAULT_POLICY: &str = "cudamem";
 
 static SLOTS: [OnceLock<Entry>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+/// Each slot's pointer-level handle, taken once when its allocator is created: malloc and free
+/// read it with one atomic load instead of asking the allocator for it on every call.
+static RAWS: [OnceLock<Raw<'static>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
 
 /// One device's allocator and the policy name it was created with (as asked for:
 /// `pytorch-expandable` is the `pytorch` policy with expandable segments).
@@ -125,6 +128,12 @@ pub fn get(device: i32) -> Option<&'static Allocator> {
     SLOTS.get(i)?.get().map(Entry::allocator)
 }
 
+/// The pointer-level handle of `device`'s allocator if it was created already.
+#[inline]
+pub fn raw(device: i32) -> Option<Raw<'static>> {
+    RAWS.get(usize::try_from(device).ok()?)?.get().copied()
+}
+
 /// The policy name `device`'s allocator was created with, if it exists.
 pub fn policy_of(device: i32) -> Option<&'static str> {
     let i = usize::try_from(device).ok()?;
@@ -151,6 +160,9 @@ pub fn get_or_create(device: i32) -> Result<&'static Allocator, RegistryError> {
         alloc.history()?.set_trace_observer(Some(o));
     }
     let _ = SLOTS[i].set(Entry { alloc, policy });
+    if let Some(Ok(raw)) = SLOTS[i].get().map(|e| e.alloc.raw()) {
+        let _ = RAWS[i].set(raw); // always: the registry refuses sharded:True
+    }
     if CREATED.load(Ordering::Relaxed) == 0 {
         FIRST.store(device, Ordering::Relaxed);
     }

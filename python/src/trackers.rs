@@ -11,8 +11,8 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
+use cudamem_alloc::TraceEvent;
 
 use crate::abi::TraceHook;
 use crate::guard::run;
