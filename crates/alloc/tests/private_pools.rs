@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use cudamem_alloc::{Engine, MempoolId, PoolCheckpoint};
 use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator};
+use cudamem_alloc::{Engine, MempoolId, PoolCheckpoint};
 use cudamem_device::sim::{EventMode, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use cudamem_alloc::{Block, PoolId};
 use cudamem_alloc::policy::{self, PoolSpec};
 use cudamem_alloc::{AllocatorConfig, CachingAllocator, Engine, NoSink, Policy, StatSink};
+use cudamem_alloc::{Block, PoolId};
 use cudamem_device::sim::{EventMode, FaultOp, FaultPlan, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 use proptest::prelude::*;

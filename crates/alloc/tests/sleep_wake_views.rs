@@ -5,8 +5,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
+use cudamem_alloc::TraceEvent;
 use cudamem_alloc::{sleep_annotation, AllocatorConfig, CachingAllocator, RecordContext};
 use cudamem_device::sim::{FaultOp, FaultPlan, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};

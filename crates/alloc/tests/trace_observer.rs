@@ -4,8 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudamem_alloc::TraceEvent;
 use cudamem_alloc::history::Action;
+use cudamem_alloc::TraceEvent;
 use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::SimDevice;
 use cudamem_device::StreamId;

@@ -15,8 +15,8 @@ use cudamem_cuda::cudarc::driver::CudaStream;
 
 use crate::{
     cuda_stream_wait, cudarc, keep_cudarc_stream, AllocError, AllocatorConfig, Buffer, CachingAllocator, CudaDevice,
-    Device, DeviceCounters, DeviceSpec, DeviceStats, Error, History, Inner, Inspect, PrivatePools, Raw, ShardedAllocator,
-    SimDevice, SleepTags, StatsDict, Stream, DEFAULT_POLICY,
+    Device, DeviceCounters, DeviceSpec, DeviceStats, Error, History, Inner, Inspect, PrivatePools, Raw,
+    ShardedAllocator, SimDevice, SleepTags, StatsDict, Stream, DEFAULT_POLICY,
 };
 
 /// A caching allocator of one device. See the [crate documentation](crate).
@@ -442,15 +442,18 @@ impl Allocator {
     }
     /// The private pools of CUDA graphs and `MemPool`s: see [`PrivatePools`].
     pub fn private_pools(&self) -> Result<PrivatePools<'_>, AllocError> {
-        self.single_engine("private pools").map(|engine| PrivatePools { engine })
+        self.single_engine("private pools")
+            .map(|engine| PrivatePools { engine })
     }
     /// The memory history, snapshots and the event observer: see [`History`].
     pub fn history(&self) -> Result<History<'_>, AllocError> {
-        self.single_engine("the memory history").map(|engine| History { engine })
+        self.single_engine("the memory history")
+            .map(|engine| History { engine })
     }
     /// Tags and sleep mode: see [`SleepTags`].
     pub fn sleep_tags(&self) -> Result<SleepTags<'_>, AllocError> {
-        self.single_engine("tags and sleep mode").map(|engine| SleepTags { engine })
+        self.single_engine("tags and sleep mode")
+            .map(|engine| SleepTags { engine })
     }
 }
 

@@ -137,14 +137,14 @@ pub use cudamem_alloc::config::ConfigError;
 pub use cudamem_alloc::size::{parse_size, SizeError};
 pub use cudamem_alloc::{AllocError, AllocatorConfig, CachingAllocator, DeviceStats, OutOfMemory, StatsDict};
 pub use cudamem_alloc::{
-    CheckpointDelta, Frame, MempoolId, PoolCheckpoint, PoolSlot, RecordContext, Shared, SleepStats, TagInfo, TraceEvent,
-    TraceObserver,
+    CheckpointDelta, Frame, MempoolId, PoolCheckpoint, PoolSlot, RecordContext, Shared, SleepStats, TagInfo,
+    TraceEvent, TraceObserver,
 };
-pub use cudamem_trace_types::Trace;
 pub use cudamem_cuda::{cudarc, CudaDevice};
 pub use cudamem_device::sim::SimDevice;
 pub use cudamem_device::{Device, DeviceCounters, DeviceError, DevicePtr, StreamId};
 pub use cudamem_sharded::ShardedAllocator;
+pub use cudamem_trace_types::Trace;
 pub use interop::CudaSliceRef;
 
 pub use allocator::{Allocator, OpenedDevice};

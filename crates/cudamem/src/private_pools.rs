@@ -31,7 +31,11 @@ impl PrivatePools<'_> {
     }
     /// As [`create_or_incref`](Self::create_or_incref), with the segments of a new pool taken
     /// from `segments` (a `MemPool`'s own allocator) instead of the allocator's device.
-    pub fn create_or_incref_with(&self, id: MempoolId, segments: Option<Arc<dyn Device>>) -> Result<PoolSlot, AllocError> {
+    pub fn create_or_incref_with(
+        &self,
+        id: MempoolId,
+        segments: Option<Arc<dyn Device>>,
+    ) -> Result<PoolSlot, AllocError> {
         self.engine.lock().create_or_incref_pool_with(id, segments)
     }
     /// PyTorch's `beginAllocateToPool`: the slot whose allocations go to pool `id`.

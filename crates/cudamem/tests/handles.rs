@@ -21,7 +21,9 @@ fn frame(name: &str) -> Frame {
 fn raw_malloc_with_records_the_stack_and_reads_usage_only_when_asked() {
     let a = Allocator::with_config("sim:1GiB", "", "pytorch").unwrap();
     let raw = a.raw().unwrap();
-    a.history().unwrap().record_memory_history(true, RecordContext::All, 100);
+    a.history()
+        .unwrap()
+        .record_memory_history(true, RecordContext::All, 100);
     let mut u = Usage::default();
     let p = raw
         .malloc_with(1000, StreamId(0), None, Some(vec![frame("step")]), Some(&mut u))
@@ -35,8 +37,14 @@ fn raw_malloc_with_records_the_stack_and_reads_usage_only_when_asked() {
     let q = raw.malloc_with(4096, StreamId(0), None, None, None).unwrap();
     let snap = a.history().unwrap().snapshot();
     let events = &snap.devices[0].events;
-    let first = events.iter().find(|e| e.size == 1000).expect("the first malloc's event");
-    let second = events.iter().find(|e| e.size == 4096).expect("the second malloc's event");
+    let first = events
+        .iter()
+        .find(|e| e.size == 1000)
+        .expect("the first malloc's event");
+    let second = events
+        .iter()
+        .find(|e| e.size == 4096)
+        .expect("the second malloc's event");
     assert_eq!(second.stack, None, "the stack is cleared after its call: {events:?}");
     let stack = &snap.stacks[first.stack.expect("the first malloc's stack") as usize];
     assert_eq!(stack.frames[0].name, "step");
@@ -59,7 +67,11 @@ fn private_pools_take_allocations_and_empty_only_pools_that_exist() {
     let id = (1, 2);
     pools.create_or_incref(id).unwrap();
     let slot = pools.begin_allocate_to_pool(id).unwrap();
-    let p = a.raw().unwrap().malloc_with(1 << 20, StreamId(0), Some(slot), None, None).unwrap();
+    let p = a
+        .raw()
+        .unwrap()
+        .malloc_with(1 << 20, StreamId(0), Some(slot), None, None)
+        .unwrap();
     pools.end_allocate_to_pool(id).unwrap();
     assert!(pools.check_live_allocations(id, &HashSet::from([p])).unwrap());
     assert!(!pools.check_live_allocations(id, &HashSet::new()).unwrap());
@@ -86,7 +98,11 @@ fn inspection_and_observer_follow_the_engine() {
     a.set_per_process_memory_fraction(0.5).unwrap();
     let i = a.inspect().unwrap();
     assert_eq!(i.memory_fraction(), 0.5);
-    let p = a.raw().unwrap().malloc_with(3 << 20, StreamId(0), None, None, None).unwrap();
+    let p = a
+        .raw()
+        .unwrap()
+        .malloc_with(3 << 20, StreamId(0), None, None, None)
+        .unwrap();
     let (base, size) = i.base_allocation(p + 4096).unwrap().expect("inside a segment");
     assert!(base <= p && p < base + size, "{base:#x}+{size} holds {p:#x}");
     assert_eq!(i.allocated_and_reserved(), (a.memory_allocated(), a.memory_reserved()));
@@ -121,7 +137,11 @@ fn sleep_tags_keep_their_state() {
     let t = a.sleep_tags().unwrap();
     assert_eq!(t.set(Some("weights")).unwrap(), None);
     assert_eq!(t.current().as_deref(), Some("weights"));
-    let p = a.raw().unwrap().malloc_with(4 << 20, StreamId(0), None, None, None).unwrap();
+    let p = a
+        .raw()
+        .unwrap()
+        .malloc_with(4 << 20, StreamId(0), None, None, None)
+        .unwrap();
     t.set(None).unwrap();
     t.sleep(&["weights"], false).unwrap();
     assert_eq!(t.stats().sleeping_tags, 1);

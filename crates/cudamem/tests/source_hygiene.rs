@@ -82,9 +82,13 @@ fn quotes_a_measurement(comment: &str) -> bool {
         .iter()
         .any(|w| w.trim_start_matches('(').starts_with(['+', '-', '−']) && w.contains('%') && is_figure(w, false));
     let date = lower.as_bytes().windows(10).any(|w| {
-        w.iter()
-            .enumerate()
-            .all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() })
+        w.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
     });
     let counted = words.windows(2).any(|p| {
         (is_figure(p[0], true) && (p[1].starts_with("instructions") || p[1] == "more"))
@@ -92,8 +96,18 @@ fn quotes_a_measurement(comment: &str) -> bool {
             || (is_figure(p[0], true)
                 && ["s", "ms", "ns", "µs", "seconds", "minutes"].contains(&p[1].trim_end_matches([',', '.', ')']))
                 && (lower.contains("takes about") || lower.contains("took")))
-    }) || (lower.contains("instructions") && words.iter().any(|w| w.starts_with('~') && is_figure(w, true)));
-    let measuring = ["instructions", "callgrind", "slower", "faster", "mispredictions", "measured", "took", "takes about"];
+    }) || (lower.contains("instructions")
+        && words.iter().any(|w| w.starts_with('~') && is_figure(w, true)));
+    let measuring = [
+        "instructions",
+        "callgrind",
+        "slower",
+        "faster",
+        "mispredictions",
+        "measured",
+        "took",
+        "takes about",
+    ];
     let with_unit = measuring.iter().any(|m| lower.contains(m)) && words.iter().any(|w| is_figure(w, false));
     signed_percent || date || counted || with_unit
 }
@@ -102,7 +116,14 @@ fn quotes_a_measurement(comment: &str) -> bool {
 fn comments_state_rules_not_figures() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut files = Vec::new();
-    for dir in ["crates", "python/src", "python/cudamem", "python/tests", "scripts", "fuzz"] {
+    for dir in [
+        "crates",
+        "python/src",
+        "python/cudamem",
+        "python/tests",
+        "scripts",
+        "fuzz",
+    ] {
         sources(&root.join(dir), &mut files);
     }
     let mut found = Vec::new();
@@ -155,7 +176,11 @@ fn the_figure_check_sees_figures_and_passes_rules() {
 /// `crate::{a, b::c}`); comments are skipped.
 fn modules_named(code: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let code: String = code.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+    let code: String = code
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut rest = code.as_str();
     while let Some(k) = rest.find("crate::") {
         rest = &rest[k + "crate::".len()..];
@@ -197,7 +222,13 @@ fn module_cycle(src: &Path) -> Option<Vec<String>> {
     let mut deps: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
     for f in files.iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
         let rel = f.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .to_string();
         let module = first.trim_end_matches(".rs").to_string();
         if module == "lib" || module == "main" {
             continue;
@@ -262,7 +293,11 @@ fn no_crate_has_a_cycle_of_modules() {
         .iter()
         .filter_map(|s| module_cycle(s).map(|c| format!("{}: {}", s.display(), c.join(" -> "))))
         .collect();
-    assert!(cycles.is_empty(), "modules that import each other, in a cycle:\n{}", cycles.join("\n"));
+    assert!(
+        cycles.is_empty(),
+        "modules that import each other, in a cycle:\n{}",
+        cycles.join("\n")
+    );
 }
 
 #[test]

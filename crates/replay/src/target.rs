@@ -12,8 +12,8 @@ use cudamem_alloc::{AllocatorConfig, CachingAllocator};
 use cudamem_device::sim::{EventMode, SimConfig, SimDevice};
 use cudamem_device::{Device, StreamId};
 
-use crate::program::Program;
 use crate::options::ReplayOptions;
+use crate::program::Program;
 
 /// Where a replay runs.
 #[derive(Clone, Debug)]

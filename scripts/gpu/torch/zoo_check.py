@@ -17,7 +17,7 @@ For each job, in fresh processes (one per job, batch and allocator; the GPU-free
 
 Each job's results go to DIR/zoo-<job>.json as soon as it is done (a later run skips the jobs
 found there unless --again), and DIR/zoo-check.json and DIR/zoo-check.md gather them all, so a
-session with a time limit can run the zoo a few jobs at a time. The GPU-free answers need no
+run with a time limit can do the zoo a few jobs at a time. The GPU-free answers need no
 GPU: ``--gpu-free-only`` computes them ahead (DIR/zoo-<job>-gpufree.json, on any machine with
 the same torch and libraries), and the GPU run then takes them from there. ``--dry-run`` builds each job
 at its tiny size and stands a CPU recording in for every GPU run (the capacities shrink to
