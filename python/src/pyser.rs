@@ -188,38 +188,25 @@ impl<'a, 'py> Seq<'a, 'py> {
     }
 }
 
-impl<'py> ser::SerializeSeq for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.push(v)
-    }
-    fn end(self) -> Result<Self::Ok, Error> {
-        self.finish()
-    }
+/// The sequence traits serde asks of a serializer differ only in the name of their element
+/// method: each pushes the element and ends with the sequence's Python object.
+macro_rules! seq_trait {
+    ($trait:ident, $element:ident) => {
+        impl<'py> ser::$trait for Seq<'_, 'py> {
+            type Ok = Bound<'py, PyAny>;
+            type Error = Error;
+            fn $element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
+                self.push(v)
+            }
+            fn end(self) -> Result<Self::Ok, Error> {
+                self.finish()
+            }
+        }
+    };
 }
-
-impl<'py> ser::SerializeTuple for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.push(v)
-    }
-    fn end(self) -> Result<Self::Ok, Error> {
-        self.finish()
-    }
-}
-
-impl<'py> ser::SerializeTupleStruct for Seq<'_, 'py> {
-    type Ok = Bound<'py, PyAny>;
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.push(v)
-    }
-    fn end(self) -> Result<Self::Ok, Error> {
-        self.finish()
-    }
-}
+seq_trait!(SerializeSeq, serialize_element);
+seq_trait!(SerializeTuple, serialize_element);
+seq_trait!(SerializeTupleStruct, serialize_field);
 
 struct Map<'a, 'py> {
     ser: PySer<'a, 'py>,
