@@ -474,19 +474,23 @@ def test_replay_in_shuffled_segment_orders():
             est.replay(tie_trace(100), ["pytorch"], 200 * MIB, None, orders=bad)
 
 
-@needs_torch
-def test_largest_batch_counts_a_batch_that_fits_in_enough_segment_orders():
+def tie_job(batch):
+    """tie_trace as a job, the whole 40 MiB segment made first: lowest address first, z fails at
+    every batch; up to batch 10 it fits in most other segment orders."""
     import torch
 
-    def job(batch):  # tie_trace with the whole 40 MiB segment made first: lowest first, z fails
-        r = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
-        p = torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
-        del r, p
-        a = torch.empty(60 * MIB, dtype=torch.uint8, device="cuda")
-        q = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
-        z = torch.empty((90 + batch) * MIB, dtype=torch.uint8, device="cuda")
-        del a, q, z
+    r = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
+    p = torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
+    del r, p
+    a = torch.empty(60 * MIB, dtype=torch.uint8, device="cuda")
+    q = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
+    z = torch.empty((90 + batch) * MIB, dtype=torch.uint8, device="cuda")
+    del a, q, z
 
+
+@needs_torch
+def test_largest_batch_counts_a_batch_that_fits_in_enough_segment_orders():
+    job = tie_job
     e = est.estimate(job, 10, device_memory=200 * MIB, policies=["pytorch"])
     row = e.rows[0]
     assert row["ooms"] > 0 and e.fits() is True, row  # lowest first it fails; in enough orders it fits

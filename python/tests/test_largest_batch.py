@@ -7,7 +7,7 @@ import math
 import pytest
 
 import cudamem.estimate as est
-from test_estimate import MIB, needs_torch
+from test_estimate import MIB, needs_torch, tie_job
 
 
 def _linear(batch):  # three allocations of `batch` MiB: capacity alone decides, in every order
@@ -15,18 +15,6 @@ def _linear(batch):  # three allocations of `batch` MiB: capacity alone decides,
 
     keep = [torch.empty(batch * MIB, dtype=torch.uint8, device="cuda") for _ in range(3)]
     del keep
-
-
-def _tie(batch):  # fails lowest-address-first at every batch; up to 10 fits in most other orders
-    import torch
-
-    r = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
-    p = torch.empty(100 * MIB, dtype=torch.uint8, device="cuda")
-    del r, p
-    a = torch.empty(60 * MIB, dtype=torch.uint8, device="cuda")
-    q = torch.empty(40 * MIB, dtype=torch.uint8, device="cuda")
-    z = torch.empty((90 + batch) * MIB, dtype=torch.uint8, device="cuda")
-    del a, q, z
 
 
 def _fits(fn, b, capacity):
@@ -56,7 +44,7 @@ def test_the_safe_batch_leaves_the_margin_and_the_band_runs_up_to_the_largest():
 
 @needs_torch
 def test_a_batch_that_fits_in_some_segment_orders_only_is_never_the_safe_one():
-    r = est.largest_batch(_tie, 200 * MIB, batches=(2, 4, 8), policies=["pytorch"], margin=0.0)
+    r = est.largest_batch(tie_job, 200 * MIB, batches=(2, 4, 8), policies=["pytorch"], margin=0.0)
     row = r["largest"][0]
     need = math.ceil(est.LIKELY_SHARE * row["orders"])
     assert row["largest_batch"] == 10 and need <= row["largest_fits_in"] < row["orders"], row
