@@ -214,23 +214,7 @@ def main():
         caps = tuple(c for c in caps if c[0] in wanted)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    for n in names:
-        path = out / f"cap-{n}.json"
-        if path.exists() and not a.again:
-            print(f"{n}: results found in {path}, skipped (--again reruns it)", flush=True)
-            continue
-        if time.perf_counter() - start > a.budget:
-            print(f"{n}: out of time budget, not started", flush=True)
-            continue
-        t0 = time.perf_counter()
-        r = check(n, a, caps)
-        r["seconds"] = time.perf_counter() - t0
-        if "skipped" in r:
-            print(f"{n}: skipped, {r['skipped']}", flush=True)
-            continue
-        path.write_text(json.dumps(r, indent=1))
-        print(f"{n}: {r['seconds']:.0f} s", flush=True)
+    zoo_check.each_job(names, out, "cap", a, lambda n: check(n, a, caps), time.perf_counter())
     results = [json.loads((out / f"cap-{n}.json").read_text()) for n in names if (out / f"cap-{n}.json").exists()]
     md = table(results, caps)
     print("\n" + md)

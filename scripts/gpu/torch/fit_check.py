@@ -30,7 +30,6 @@ and prints the table.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -121,22 +120,13 @@ def dry_run(a, fn, t0):
 
 
 def spawn(args, timeout, env=None):
-    """Runs this script as a child; its RESULT object, or {"error": ...}."""
-    t0 = time.perf_counter()
-    e = dict(os.environ, PYTHONWARNINGS="ignore", CUBLAS_WORKSPACE_CONFIG=os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
-    e.update(env or {})
-    try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *map(str, args)],
-                           capture_output=True, text=True, timeout=timeout, env=e)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s", "args": list(map(str, args))}
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        tail = (r.stdout + r.stderr).strip().splitlines()[-12:]
-        return {"error": f"rc={r.returncode}: " + " | ".join(tail), "args": list(map(str, args))}
-    res = json.loads(lines[-1][len("RESULT "):])
-    res["process_s"] = time.perf_counter() - t0
-    return res
+    """Runs this script as a child (see :mod:`children`), with a fixed cuBLAS workspace unless
+    the caller set one."""
+    from children import spawn as run_child
+
+    env = dict(env or {})
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"))
+    return run_child(Path(__file__).resolve(), args, timeout, env)
 
 
 # --- the check of one workload -----------------------------------------------------------------

@@ -28,7 +28,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -123,22 +122,10 @@ def dry_run(job, a, t0):
 
 
 def spawn(args, timeout, env=None):
-    """This script run as a child; its RESULT object, or {"error": ...}."""
-    t0 = time.perf_counter()
-    e = dict(os.environ, PYTHONWARNINGS="ignore")
-    e.update(env or {})
-    try:
-        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", *map(str, args)],
-                           capture_output=True, text=True, timeout=timeout, env=e)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s", "args": list(map(str, args))}
-    lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        tail = (r.stdout + r.stderr).strip().splitlines()[-8:]
-        return {"error": f"rc={r.returncode}: " + " | ".join(tail)[-1500:], "args": list(map(str, args))}
-    res = json.loads(lines[-1][len("RESULT "):])
-    res["process_s"] = time.perf_counter() - t0
-    return res
+    """This script run as a child (see :mod:`children`)."""
+    from children import spawn as run_child
+
+    return run_child(Path(__file__).resolve(), args, timeout, env, tail=8)
 
 
 # --- one job -----------------------------------------------------------------------------------
@@ -304,6 +291,32 @@ def summary(results, allocators):
     return "\n".join(lines)
 
 
+def each_job(names, out, prefix, a, check_one, start, tell=lambda r: ""):
+    """``check_one(name)`` for each job, its result written to OUT/PREFIX-<job>.json: a job
+    whose file exists is skipped unless ``a.again``, none starts after ``a.budget`` seconds
+    from ``start``, and a job skipped for a missing library is not written (a later run with
+    the library runs it) but returned."""
+    skipped = []
+    for n in names:
+        path = out / f"{prefix}-{n}.json"
+        if path.exists() and not a.again:
+            print(f"{n}: results found in {path}, skipped (--again reruns it)", flush=True)
+            continue
+        if time.perf_counter() - start > a.budget:
+            print(f"{n}: out of time budget, not started", flush=True)
+            continue
+        t0 = time.perf_counter()
+        r = check_one(n)
+        r["seconds"] = time.perf_counter() - t0
+        if "skipped" in r:
+            print(f"{n}: skipped, {r['skipped']}", flush=True)
+            skipped.append(r)
+            continue
+        path.write_text(json.dumps(r, indent=1))
+        print(f"{n}: {r['seconds']:.0f} s{tell(r)}", flush=True)
+    return skipped
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child(sys.argv[2:])
@@ -364,23 +377,9 @@ def main():
             print(f"{n}: GPU-free answers in {time.perf_counter() - t0:.0f} s -> {path}"
                   + (f" (error: {res['error'][:200]})" if "error" in res else ""), flush=True)
         return 0
-    for n in [] if a.report_only else names:
-        path = out / f"zoo-{n}.json"
-        if path.exists() and not a.again:
-            print(f"{n}: results found in {path}, skipped (--again reruns it)", flush=True)
-            continue
-        if time.perf_counter() - start > a.budget:
-            print(f"{n}: out of time budget, not started", flush=True)
-            continue
-        t0 = time.perf_counter()
-        r = check(n, a, caps)
-        r["seconds"] = time.perf_counter() - t0
-        if "skipped" in r:  # not written: a later run with the library runs it
-            print(f"{n}: skipped, {r['skipped']}", flush=True)
-            results_skipped.append(r)
-            continue
-        path.write_text(json.dumps(r, indent=1))
-        print(f"{n}: {r['seconds']:.0f} s, {r['verdict']}", flush=True)
+    if not a.report_only:
+        results_skipped = each_job(names, out, "zoo", a, lambda n: check(n, a, caps), start,
+                                   lambda r: f", {r['verdict']}")
     results = [json.loads(p.read_text()) for p in sorted(out.glob("zoo-*.json"))
                if p.name != "zoo-check.json" and not p.name.endswith("-gpufree.json")]
     results = [r for r in results if r["job"] in names or a.report_only] + results_skipped
